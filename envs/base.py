@@ -1,0 +1,61 @@
+"""The one interface every environment implements.
+
+An `Environment` knows its tasks and starts `Episode`s; an episode is one attempt at one task.
+Rollouts keep many episodes alive at once and step them in lockstep, so episodes must be
+independent objects (no shared mutable state between two episodes of the same environment).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Split = Literal["train", "test"]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    observation: str
+    reward: float
+    done: bool
+
+
+class Episode(ABC):
+    """One attempt at one task. `instruction` is the first observation the agent sees."""
+
+    task_id: str
+    instruction: str
+
+    @abstractmethod
+    def step(self, action: str) -> StepResult:
+        """Apply one action. Invalid actions return an observation saying so, never raise."""
+
+    def snapshot(self) -> Any | None:
+        """A copy of the episode's state that `restore` accepts, or None if unsupported."""
+        return None
+
+    def restore(self, state: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot restore snapshots")
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (remote sessions, processes)."""
+
+
+class Environment(ABC):
+    """A family of tasks. `reward_range` maps raw rewards onto [0, 1] for shared thresholds."""
+
+    name: str
+    reward_range: tuple[float, float] = (0.0, 1.0)
+
+    @abstractmethod
+    def task_ids(self, split: Split) -> list[str]:
+        """Stable task ids of a split, in a fixed order, identical on every machine."""
+
+    @abstractmethod
+    def start(self, task_id: str) -> Episode:
+        """Start a fresh episode of `task_id`; raises KeyError for an unknown id."""
+
+    def normalise(self, reward: float) -> float:
+        low, high = self.reward_range
+        return min(1.0, max(0.0, (reward - low) / (high - low)))

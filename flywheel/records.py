@@ -1,0 +1,88 @@
+"""Typed records passed between stages and stored as JSON lines.
+
+A trajectory keeps, next to each generated message's text, the exact token ids the model produced,
+so training sees what was generated (re-tokenising text drifts). `loss` marks the messages a
+trainer learns from: assistant turns by default, none of the observations.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+Role = Literal["system", "user", "assistant"]
+
+
+class Message(BaseModel):
+    role: Role
+    content: str
+    loss: bool = False
+    # Token ids exactly as generated (assistant turns sampled from a model), without the end token.
+    token_ids: list[int] | None = None
+
+
+class Trajectory(BaseModel):
+    """One episode: the full chat, where the episode's own part starts, and its outcome."""
+
+    task_id: str
+    env: str
+    messages: list[Message]
+    # Index of the first message that belongs to this episode (before it: system prompt, examples).
+    episode_start: int
+    reward: float = 0.0
+    success: bool = False
+    n_steps: int = 0
+    source: str = "policy"  # "expert", "policy", "revision", ...
+    finish_reason: str = ""  # "done", "max_steps", "context", "error: ..."
+
+    @property
+    def prompt(self) -> list[Message]:
+        """System prompt, examples and the task instruction: what every attempt shares."""
+        return self.messages[: self.episode_start + 1]
+
+    @property
+    def continuation(self) -> list[Message]:
+        return self.messages[self.episode_start + 1 :]
+
+
+class Pair(BaseModel):
+    """A preference pair on one task: `chosen` and `rejected` continue the same `prompt`."""
+
+    task_id: str
+    prompt: list[Message]
+    chosen: list[Message]
+    rejected: list[Message]
+    chosen_reward: float
+    rejected_reward: float
+
+
+class EpisodeStats(BaseModel):
+    episodes: int
+    successes: int
+    success_rate: float
+    average_reward: float
+    average_steps: float
+
+    @classmethod
+    def of(cls, trajectories: list[Trajectory]) -> EpisodeStats:
+        n = len(trajectories)
+        wins = sum(t.success for t in trajectories)
+        return cls(
+            episodes=n,
+            successes=wins,
+            success_rate=wins / n if n else 0.0,
+            average_reward=sum(t.reward for t in trajectories) / n if n else 0.0,
+            average_steps=sum(t.n_steps for t in trajectories) / n if n else 0.0,
+        )
+
+
+class Manifest(BaseModel):
+    """What a finished stage published: written last, so its presence means the stage finished."""
+
+    stage: str
+    url: str
+    files: dict[str, str] = Field(default_factory=dict)  # logical name -> URL
+    counts: dict[str, int] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
