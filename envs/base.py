@@ -47,6 +47,8 @@ class Environment(ABC):
 
     name: str
     reward_range: tuple[float, float] = (0.0, 1.0)
+    # What the agent is told once, as the system message: the task family and its actions.
+    system_prompt: str = "Solve the task. Reply with 'Thought: ...' then 'Action: ...'."
 
     @abstractmethod
     def task_ids(self, split: Split) -> list[str]:
@@ -55,6 +57,10 @@ class Environment(ABC):
     @abstractmethod
     def start(self, task_id: str) -> Episode:
         """Start a fresh episode of `task_id`; raises KeyError for an unknown id."""
+
+    def expert_plan(self, task_id: str) -> list[tuple[str, str]] | None:
+        """(thought, action) steps an expert takes on `task_id`, or None without an expert."""
+        return None
 
     def normalise(self, reward: float) -> float:
         low, high = self.reward_range

@@ -206,6 +206,13 @@ class TextCraftEnv(Environment):
 
     name = "textcraft"
     reward_range = (0.0, 1.0)
+    system_prompt = (
+        "You craft Minecraft items. Each turn reply with one line 'Thought: ...' and one line "
+        "'Action: ...'. Actions: 'get N item' fetches a base item, 'craft N item using N item, "
+        "N item' follows a listed crafting command (input counts must match it exactly), "
+        "'inventory' lists what you hold. A generic input such as 'planks' needs a specific "
+        "kind, e.g. 'oak planks'."
+    )
 
     def task_ids(self, split: Split) -> list[str]:
         if split not in ("train", "test"):
@@ -216,6 +223,11 @@ class TextCraftEnv(Environment):
         if task_id not in _task_set():
             raise KeyError(f"unknown textcraft task id {task_id!r}")
         return TextCraftEpisode(task_id, instruction_for(task_id))
+
+    def expert_plan(self, task_id: str) -> list[tuple[str, str]]:
+        from envs.textcraft_expert import solve
+
+        return [(step.thought, step.action) for step in solve(self.start(task_id).instruction)]
 
 
 @functools.cache

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -155,3 +156,44 @@ class OpenAIBackend:
 
     def close(self) -> None:
         pass
+
+
+_engine_lock = threading.Lock()
+_engine: tuple[str, VLLMBackend] | None = None
+
+
+def shared_vllm(model_dir: str, max_model_len: int, kv_cache_gib: int) -> VLLMBackend:
+    """One vLLM engine per process, reused while the model stays the same.
+
+    Loading takes tens of seconds and holds the KV cache, so stages on the same model share it and
+    a different model replaces it.
+    """
+    global _engine
+    with _engine_lock:
+        if _engine is not None and _engine[0] == model_dir:
+            return _engine[1]
+        if _engine is not None:
+            _engine[1].close()
+            _engine = None
+        _engine = (model_dir, LockedVLLM(model_dir, max_model_len, kv_cache_gib))
+        return _engine[1]
+
+
+def release_vllm() -> None:
+    global _engine
+    with _engine_lock:
+        if _engine is not None:
+            _engine[1].close()
+            _engine = None
+
+
+class LockedVLLM(VLLMBackend):
+    """The engine is not thread-safe; concurrent stages take turns per generate call."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._lock = threading.Lock()
+
+    def generate(self, prompts, sampling):
+        with self._lock:
+            return super().generate(prompts, sampling)

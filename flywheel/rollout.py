@@ -1,0 +1,195 @@
+"""Run the agent in an environment: many episodes stepped together, one generate call per step.
+
+Every live episode's prompt goes into the same `generate` call (vLLM batches them and reuses each
+episode's cached prefix); an episode ends when the environment says done, at `max_steps`, or when
+its context is full. `run_sequential` is the one-request-at-a-time way ETO's and Agent-R's clients
+work, kept for the benchmark.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from envs.base import Environment, Episode
+from flywheel.chat import ChatTokenizer, format_observation, format_reply, parse_reply
+from flywheel.inference import InferenceBackend, SamplingSettings
+from flywheel.records import Message, Trajectory
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """Limits of one episode. `max_steps` should cover the expert's own step counts."""
+
+    max_steps: int = 30
+    max_model_len: int = 4096
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+
+
+def agent_prefix(env: Environment, examples: list[Trajectory]) -> list[Message]:
+    """System prompt, then worked examples as earlier chat turns (no loss on them)."""
+    messages = [Message(role="system", content=env.system_prompt)]
+    for example in examples:
+        messages += [m.model_copy(update={"loss": False}) for m in example.messages[1:]]
+    return messages
+
+
+def expert_trajectory(env: Environment, task_id: str, prefix: list[Message]) -> Trajectory | None:
+    """Play the environment's expert plan; None when there is no expert or it fails."""
+    plan = env.expert_plan(task_id)
+    if plan is None:
+        return None
+    episode = env.start(task_id)
+    messages = prefix + [Message(role="user", content=episode.instruction)]
+    reward, done, steps = 0.0, False, 0
+    for i, (thought, action) in enumerate(plan):
+        steps += 1
+        messages.append(Message(role="assistant", content=format_reply(thought, action), loss=True))
+        result = episode.step(action)
+        reward += result.reward
+        done = result.done
+        if done:
+            break
+        if i < len(plan) - 1:
+            messages.append(Message(role="user", content=format_observation(result.observation)))
+    episode.close()
+    if not done:
+        return None
+    return Trajectory(
+        task_id=task_id,
+        env=env.name,
+        messages=messages,
+        episode_start=len(prefix),
+        reward=reward,
+        success=env.normalise(reward) >= 1.0,
+        n_steps=steps,
+        source="expert",
+        finish_reason="done",
+    )
+
+
+@dataclass
+class _Live:
+    episode: Episode
+    messages: list[Message]
+    ids: list[int]
+    reward: float = 0.0
+    steps: int = 0
+    finish_reason: str = ""
+
+
+def run_batched(
+    env: Environment,
+    task_ids: list[str],
+    backend: InferenceBackend,
+    chat: ChatTokenizer,
+    prefix: list[Message],
+    settings: RolloutSettings,
+    progress: bool = True,
+) -> list[Trajectory]:
+    """All episodes advance together: one `generate` call per step over the unfinished ones."""
+    prefix_ids, _ = chat.encode(prefix)
+    live = []
+    for task_id in task_ids:
+        episode = env.start(task_id)
+        first = Message(role="user", content=episode.instruction)
+        live.append(_Live(episode, prefix + [first], prefix_ids + chat.message_ids(first)[0]))
+    finished: list[_Live] = []
+    bar = tqdm(total=len(live), desc=f"{env.name} episodes", unit="ep", disable=not progress)
+    while live:
+        prompts = [state.ids + chat.header_ids for state in live]
+        generations = backend.generate(prompts, settings.sampling)
+        still_live = []
+        for state, generation in zip(live, generations, strict=True):
+            _advance(env, chat, state, generation.text, generation.token_ids, settings)
+            if state.finish_reason:
+                state.episode.close()
+                finished.append(state)
+                bar.update(1)
+            else:
+                still_live.append(state)
+        live = still_live
+        bar.set_postfix(live=len(live))
+    bar.close()
+    position = {task_id: i for i, task_id in enumerate(task_ids)}
+    finished.sort(key=lambda s: position[s.episode.task_id])
+    return [_to_trajectory(env, s, len(prefix)) for s in finished]
+
+
+def run_sequential(env, task_ids, backend, chat, prefix, settings) -> list[Trajectory]:
+    """One request per step per episode, episode after episode (the upstream clients' way)."""
+    out = []
+    for task_id in tqdm(task_ids, desc=f"{env.name} episodes (sequential)", unit="ep"):
+        out += run_batched(env, [task_id], backend, chat, prefix, settings, progress=False)
+    return out
+
+
+def _advance(env, chat, state: _Live, text: str, token_ids: list[int], settings) -> None:
+    reply = Message(role="assistant", content=text, loss=True, token_ids=chat.strip_end(token_ids))
+    state.messages.append(reply)
+    state.ids += chat.message_ids(reply)[0]
+    state.steps += 1
+    parsed = parse_reply(text)
+    if parsed.action is None:
+        observation, done = parsed.error, False
+    else:
+        try:
+            result = state.episode.step(parsed.action)
+        except Exception as error:  # a remote environment failed: record it, keep the others going
+            state.finish_reason = f"error: {type(error).__name__}: {error}"
+            return
+        observation, done = result.observation, result.done
+        state.reward += result.reward
+    if done:
+        state.finish_reason = "done"
+    elif state.steps >= settings.max_steps:
+        state.finish_reason = "max_steps"
+    else:
+        message = Message(role="user", content=format_observation(observation))
+        state.messages.append(message)
+        state.ids += chat.message_ids(message)[0]
+        room = settings.max_model_len - len(chat.header_ids) - settings.sampling.max_tokens
+        if len(state.ids) > room:
+            state.finish_reason = "context"
+
+
+def _to_trajectory(env: Environment, state: _Live, episode_start: int) -> Trajectory:
+    messages = state.messages
+    if messages[-1].role == "user" and len(messages) > episode_start + 1:
+        messages = messages[:-1]  # a trailing observation nobody answered
+    return Trajectory(
+        task_id=state.episode.task_id,
+        env=env.name,
+        messages=messages,
+        episode_start=episode_start,
+        reward=state.reward,
+        success=state.finish_reason == "done" and env.normalise(state.reward) >= 1.0,
+        n_steps=state.steps,
+        source="policy",
+        finish_reason=state.finish_reason,
+    )
+
+
+def select_tasks(task_ids: list[str], limit: int | None, seed: int) -> list[str]:
+    """A seeded sample of `limit` tasks (all when None), in the split's own order."""
+    if limit is None or limit >= len(task_ids):
+        return list(task_ids)
+    chosen = set(random.Random(seed).sample(task_ids, limit))
+    return [t for t in task_ids if t in chosen]
+
+
+def few_shot_examples(env: Environment, count: int, max_steps: int = 4) -> list[Trajectory]:
+    """The first `count` train tasks whose expert needs at most `max_steps` steps, played out."""
+    examples = []
+    system_only = [Message(role="system", content=env.system_prompt)]
+    for task_id in env.task_ids("train"):
+        if len(examples) == count:
+            break
+        plan = env.expert_plan(task_id)
+        if plan and len(plan) <= max_steps:
+            trajectory = expert_trajectory(env, task_id, system_only)
+            if trajectory:
+                examples.append(trajectory)
+    return examples

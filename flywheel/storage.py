@@ -1,0 +1,130 @@
+"""The artifact store: every stage reads and writes URLs through fsspec (`file://`, `s3://`, ...).
+
+A stage writes its files under its own prefix and its `_MANIFEST.json` last: a prefix without a
+manifest is an unfinished stage, whatever else it holds, and is redone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import TypeVar
+
+import fsspec
+from pydantic import BaseModel
+
+from flywheel.records import Manifest
+
+MANIFEST = "_MANIFEST.json"
+Record = TypeVar("Record", bound=BaseModel)
+
+
+def normalise_url(url: str) -> str:
+    """Plain paths become absolute file:// URLs, so every process agrees on them."""
+    if "://" not in url:
+        return "file://" + str(Path(url).expanduser().resolve())
+    return url.rstrip("/")
+
+
+class ArtifactStore:
+    def __init__(self, root_url: str, cache_dir: str | None = None):
+        self.root = normalise_url(root_url)
+        self.fs, self._root_path = fsspec.core.url_to_fs(self.root)
+        self.cache_dir = Path(cache_dir or os.environ.get("FLYWHEEL_CACHE", "~/.cache/flywheel"))
+        self.cache_dir = self.cache_dir.expanduser()
+
+    def check_writable(self) -> None:
+        """Fail early, naming the URL, when the store cannot be written."""
+        probe = self.url(".flywheel-write-check")
+        try:
+            self.fs.makedirs(self._path(self.root), exist_ok=True)
+            with self.fs.open(self._path(probe), "w") as f:
+                f.write("ok")
+            self.fs.rm(self._path(probe))
+        except Exception as error:
+            raise OSError(f"storage_url {self.root!r} is not writable: {error}") from error
+
+    def url(self, *parts: str) -> str:
+        return "/".join([self.root, *(p.strip("/") for p in parts)])
+
+    def _path(self, url: str) -> str:
+        return fsspec.core.url_to_fs(url)[1]
+
+    @property
+    def is_local(self) -> bool:
+        return self.root.startswith("file://")
+
+    def exists(self, url: str) -> bool:
+        return self.fs.exists(self._path(url))
+
+    def write_text(self, url: str, text: str) -> str:
+        self.fs.makedirs(self._path(url).rsplit("/", 1)[0], exist_ok=True)
+        with self.fs.open(self._path(url), "w") as f:
+            f.write(text)
+        return url
+
+    def read_text(self, url: str) -> str:
+        with self.fs.open(self._path(url), "r") as f:
+            return f.read()
+
+    def write_records(self, url: str, records: list[BaseModel]) -> str:
+        return self.write_text(url, "".join(r.model_dump_json() + "\n" for r in records))
+
+    def read_records(self, url: str, model: type[Record]) -> list[Record]:
+        return [model.model_validate_json(line) for line in self.read_text(url).splitlines() if line]
+
+    def write_json(self, url: str, data) -> str:
+        return self.write_text(url, json.dumps(data, indent=2))
+
+    def read_json(self, url: str):
+        return json.loads(self.read_text(url))
+
+    # Stages -------------------------------------------------------------------------------
+
+    def manifest(self, stage_url: str) -> Manifest | None:
+        """The finished stage's manifest, or None if the stage has not finished."""
+        url = f"{stage_url}/{MANIFEST}"
+        if not self.exists(url):
+            return None
+        return Manifest.model_validate_json(self.read_text(url))
+
+    def publish(self, manifest: Manifest) -> Manifest:
+        """Mark a stage finished: called after every file of the stage is written."""
+        self.write_text(f"{manifest.url}/{MANIFEST}", manifest.model_dump_json(indent=2))
+        return manifest
+
+    # Directories (model checkpoints) --------------------------------------------------------
+
+    def upload_dir(self, local_dir: Path, url: str) -> str:
+        local_dir = Path(local_dir)
+        for file in sorted(local_dir.rglob("*")):
+            if file.is_file():
+                target = self._path(f"{url}/{file.relative_to(local_dir).as_posix()}")
+                self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+                self.fs.put_file(str(file), target)
+        return url
+
+    def local_dir(self, url: str) -> Path:
+        """A local folder holding `url`'s files: the folder itself on file://, else a cached copy."""
+        if url.startswith("file://"):
+            return Path(self._path(url))
+        digest = hashlib.sha1(url.encode()).hexdigest()[:16]
+        target = self.cache_dir / "downloads" / digest
+        done = target / ".complete"
+        if not done.exists():
+            self.fs.get(self._path(url).rstrip("/") + "/", str(target) + "/", recursive=True)
+            done.touch()
+        return target
+
+    def local_file(self, url: str) -> Path:
+        if url.startswith("file://"):
+            return Path(self._path(url))
+        digest = hashlib.sha1(url.encode()).hexdigest()[:16]
+        target = self.cache_dir / "downloads" / f"{digest}-{url.rsplit('/', 1)[-1]}"
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get_file(self._path(url), str(target) + ".part")
+            os.replace(str(target) + ".part", target)
+        return target

@@ -1,0 +1,66 @@
+"""MLflow tracking: one parent run per flow run, a child run per round and per stage.
+
+Runs are addressed by id through `MlflowClient` (no global "active run"), so stages running in
+threads never log into each other's runs. A trainer subprocess attaches to its stage's run
+through `MLFLOW_RUN_ID` / `MLFLOW_TRACKING_URI`, which transformers' MLflow callback honours.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+
+class Tracker:
+    def __init__(self, tracking_uri: str, experiment: str):
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        found = self.client.get_experiment_by_name(experiment)
+        self.experiment_id = (
+            found.experiment_id if found else self.client.create_experiment(experiment)
+        )
+
+    def start(self, name: str, parent_id: str | None = None, tags: dict | None = None) -> str:
+        """Find the unfinished-or-finished run with this name under `parent_id`, or create it."""
+        filters = [f"tags.mlflow.runName = '{name}'"]
+        if parent_id:
+            filters.append(f"tags.mlflow.parentRunId = '{parent_id}'")
+        existing = self.client.search_runs(
+            [self.experiment_id], " and ".join(filters), max_results=1
+        )
+        if existing:
+            return existing[0].info.run_id
+        all_tags = {"mlflow.runName": name, **(tags or {})}
+        if parent_id:
+            all_tags["mlflow.parentRunId"] = parent_id
+        return self.client.create_run(self.experiment_id, tags=all_tags).info.run_id
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+        for key, value in metrics.items():
+            self.client.log_metric(run_id, key, float(value), step=step)
+
+    def log_params(self, run_id: str, params: dict) -> None:
+        for key, value in params.items():
+            self.client.log_param(run_id, key, str(value)[:500])
+
+    def log_artifact(self, run_id: str, path: Path, folder: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(path), folder)
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status)
+
+    def run_url(self, run_id: str) -> str:
+        """Where a person opens the run (`mlflow server` / `mlflow ui` on its default port)."""
+        base = os.environ.get("FLYWHEEL_MLFLOW_UI", "http://127.0.0.1:5000")
+        return f"{base}/#/experiments/{self.experiment_id}/runs/{run_id}"
+
+    def subprocess_env(self, run_id: str) -> dict[str, str]:
+        """Environment for a trainer process that should log into `run_id`."""
+        return {"MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_RUN_ID": run_id}
+
+
+def configure(tracking_uri: str) -> None:
+    mlflow.set_tracking_uri(tracking_uri)

@@ -1,0 +1,89 @@
+"""ETO's pair rule: each explored trajectory against the expert one on the same task.
+
+The higher final reward is `chosen`; ties are skipped. When the expert wins, the failed exploration
+is cut to the expert's length plus `extra_turns` turns (ETO keeps `expert + 5*2` messages). Both
+sides must end on an agent turn, or the pair is dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefect import task
+from prefect.cache_policies import INPUTS, TASK_SOURCE
+
+from flywheel.records import Manifest, Message, Pair, Trajectory
+from flywheel.storage import ArtifactStore
+
+
+@dataclass
+class PairReport:
+    wins: int = 0  # exploration beat the expert
+    ties: int = 0
+    losses: int = 0  # expert beat exploration
+    dropped: int = 0  # a side did not end on an agent turn
+    no_expert: int = 0
+
+
+def _ends_on_agent(messages: list[Message]) -> list[Message]:
+    return messages[:-1] if messages and messages[-1].role == "user" else messages
+
+
+def build_pairs(
+    explored: list[Trajectory], expert: list[Trajectory], extra_turns: int = 5
+) -> tuple[list[Pair], PairReport]:
+    experts = {t.task_id: t for t in expert}
+    pairs, report = [], PairReport()
+    for trajectory in explored:
+        golden = experts.get(trajectory.task_id)
+        if golden is None:
+            report.no_expert += 1
+            continue
+        if trajectory.reward == golden.reward:
+            report.ties += 1
+            continue
+        if trajectory.reward < golden.reward:
+            report.losses += 1
+            limit = len(golden.continuation) + 2 * extra_turns
+            chosen, rejected = golden.continuation, trajectory.continuation[:limit]
+            prompt, chosen_reward, rejected_reward = golden.prompt, golden.reward, trajectory.reward
+        else:
+            report.wins += 1
+            chosen, rejected = trajectory.continuation, golden.continuation
+            prompt, chosen_reward, rejected_reward = trajectory.prompt, trajectory.reward, golden.reward
+        chosen, rejected = _ends_on_agent(chosen), _ends_on_agent(rejected)
+        if not chosen or not rejected:
+            report.dropped += 1
+            continue
+        pairs.append(
+            Pair(
+                task_id=trajectory.task_id,
+                prompt=prompt,
+                chosen=chosen,
+                rejected=rejected,
+                chosen_reward=chosen_reward,
+                rejected_reward=rejected_reward,
+            )
+        )
+    return pairs, report
+
+
+@task(name="build-pairs", cache_policy=INPUTS + TASK_SOURCE, persist_result=True)
+def build_pairs_stage(
+    store_url: str, explored_urls: list[str], expert_url: str, out_url: str, extra_turns: int
+) -> Manifest:
+    store = ArtifactStore(store_url)
+    if (done := store.manifest(out_url)) is not None:
+        return done
+    explored = [t for url in explored_urls for t in store.read_records(url, Trajectory)]
+    expert = store.read_records(expert_url, Trajectory)
+    pairs, report = build_pairs(explored, expert, extra_turns)
+    pairs_url = store.write_records(f"{out_url}/pairs.jsonl", pairs)
+    return store.publish(
+        Manifest(
+            stage="build-pairs",
+            url=out_url,
+            files={"pairs": pairs_url},
+            counts={"pairs": len(pairs), **vars(report)},
+        )
+    )

@@ -1,0 +1,90 @@
+"""DPO on trajectory pairs with trl's DPOTrainer, observation tokens masked out of the loss.
+
+ETO's DPO scores only the agent's own turns of a multi-turn continuation. trl's collator marks the
+whole continuation, so `MaskedPreferenceCollator` narrows its `completion_mask` to the loss masks
+our records carry, and `TokenizedDPOTrainer` takes the already tokenized rows as they are.
+Run alone (`python -m training.dpo --config job.json`) or under `accelerate launch`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import DPOConfig, DPOTrainer
+from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+from flywheel.chat import ChatTokenizer
+from flywheel.records import Pair
+from training.datasets import dpo_rows
+from training.job import TrainingJob, parse_job, report_metrics, trainer_defaults
+
+
+@dataclass
+class MaskedPreferenceCollator(DataCollatorForPreference):
+    def torch_call(self, examples: list[dict]) -> dict:
+        batch = super().torch_call(examples)
+        masks = [[0] * len(e["prompt_ids"]) + e["chosen_mask"] for e in examples]
+        masks += [[0] * len(e["prompt_ids"]) + e["rejected_mask"] for e in examples]
+        if self.max_length is not None:  # same keep_start truncation as the parent's
+            masks = [m[: self.max_length] for m in masks]
+        width = batch["completion_mask"].shape[1]
+        padded = torch.zeros((len(masks), width), dtype=batch["completion_mask"].dtype)
+        for row, mask in enumerate(masks):
+            padded[row, : len(mask)] = torch.tensor(mask[:width], dtype=padded.dtype)
+        batch["completion_mask"] = padded
+        return batch
+
+
+class TokenizedDPOTrainer(DPOTrainer):
+    """Rows arrive tokenized (prompt/chosen/rejected ids and masks); skip trl's text tokenising."""
+
+    def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+        return dataset
+
+    def _set_signature_columns_if_needed(self):
+        super()._set_signature_columns_if_needed()
+        self._signature_columns = [*self._signature_columns, "chosen_mask", "rejected_mask"]
+
+
+def train(job: TrainingJob) -> dict:
+    tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    chat = ChatTokenizer(tokenizer)
+    with open(job.data_file) as f:
+        pairs = [Pair.model_validate_json(line) for line in f if line.strip()]
+    rows = dpo_rows(pairs, chat, job.max_length)
+    if not rows:
+        raise ValueError(f"{job.data_file}: no pair fits in max_length={job.max_length}")
+    config = DPOConfig(max_length=job.max_length, **trainer_defaults(job))
+    model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype="float32")
+    collator = MaskedPreferenceCollator(
+        pad_token_id=tokenizer.pad_token_id,
+        max_length=config.max_length,
+        truncation_mode=config.truncation_mode,
+    )
+    trainer = TokenizedDPOTrainer(
+        model=model,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        data_collator=collator,
+    )
+    result = trainer.train()
+    trainer.save_model(job.output_dir)
+    if not trainer.is_world_process_zero():
+        return {}
+    tokenizer.save_pretrained(job.output_dir)
+    return {"train_loss": result.training_loss, "rows": len(rows), **result.metrics}
+
+
+def main(argv: list[str] | None = None) -> None:
+    report_metrics(train(parse_job(__doc__.splitlines()[0], argv)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

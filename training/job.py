@@ -1,0 +1,65 @@
+"""The job file a trainer entry point reads: what to train, on what, into where.
+
+Written by the Prefect task, read by `python -m training.sft|dpo --config job.json` on every
+process of an `accelerate launch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class TrainingJob:
+    model_dir: str  # Hugging Face model folder to start from
+    data_file: str  # JSON lines of Trajectory (SFT) or Pair (DPO) records
+    output_dir: str  # where the trained model folder is written
+    max_length: int = 2048  # tokens per sequence
+    trl_args: dict = field(default_factory=dict)  # passed through to trl's SFTConfig / DPOConfig
+
+    def save(self, path: Path) -> Path:
+        Path(path).write_text(json.dumps(asdict(self), indent=2))
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str) -> TrainingJob:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def parse_job(description: str, argv: list[str] | None = None) -> TrainingJob:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", required=True, help="job JSON written by the Prefect task")
+    return TrainingJob.load(parser.parse_args(argv).config)
+
+
+def reporting() -> str:
+    """Report trl's metrics to MLflow when the launching stage handed us its run."""
+    return "mlflow" if os.environ.get("MLFLOW_RUN_ID") else "none"
+
+
+def trainer_defaults(job: TrainingJob) -> dict:
+    """Settings every Flywheel trainer shares; `job.trl_args` overrides any of them."""
+    return {
+        "output_dir": str(Path(job.output_dir).with_name(Path(job.output_dir).name + "-work")),
+        "report_to": reporting(),
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "remove_unused_columns": False,
+        "dataloader_num_workers": 0,
+        "disable_tqdm": False,
+        "seed": 0,
+        **job.trl_args,
+    }
+
+
+def report_metrics(metrics: dict) -> None:
+    """Print the final metrics and, when launched by a stage, hand them over in a file."""
+    if not metrics:
+        return
+    print(json.dumps(metrics))
+    if target := os.environ.get("FLYWHEEL_METRICS_FILE"):
+        Path(target).write_text(json.dumps(metrics))

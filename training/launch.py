@@ -1,0 +1,86 @@
+"""Start a trainer entry point in its own process: plain Python, or `accelerate launch` for N>1.
+
+Output goes to a log file next to the job (and to this process's stdout, so it shows in Prefect's
+logs); a failure raises with the log's tail so the failed stage says why.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ACCELERATE_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
+
+
+def command(module: str, job_file: Path, num_processes: int, accelerate_config: str | None) -> list[str]:
+    if num_processes <= 1:
+        return [sys.executable, "-m", module, "--config", str(job_file)]
+    config = accelerate_config or str(ACCELERATE_CONFIGS / "ddp.yaml")
+    return [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", config, "--num_processes", str(num_processes),
+        "-m", module, "--config", str(job_file),
+    ]  # fmt: skip
+
+
+def launch(
+    module: str,
+    job_file: Path,
+    log_file: Path,
+    num_processes: int = 1,
+    accelerate_config: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> None:
+    env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
+    cmd = command(module, job_file, num_processes, accelerate_config)
+    with open(log_file, "w") as log:
+        process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+        for line in process.stdout:
+            log.write(line)
+            sys.stdout.write(line)
+        code = process.wait()
+    if code != 0:
+        tail = "".join(Path(log_file).read_text().splitlines(keepends=True)[-25:])
+        raise RuntimeError(f"{module} exited with code {code}; last lines of {log_file}:\n{tail}")
+
+
+def train_to_store(
+    store,
+    module: str,
+    model_url: str,
+    data_url: str,
+    out_url: str,
+    max_length: int,
+    trl_args: dict,
+    num_processes: int = 1,
+    extra_env: dict[str, str] | None = None,
+) -> dict:
+    """Train `model_url` on `data_url` with `module`, put the model folder at `out_url/model`.
+
+    Returns the metrics the trainer printed last. The model is written next to the store's
+    files on a local store, and uploaded from a scratch folder otherwise.
+    """
+    import json
+    import tempfile
+
+    from training.job import TrainingJob
+
+    scratch = Path(tempfile.mkdtemp(prefix="flywheel-train-"))
+    output = store.local_dir(f"{out_url}/model") if store.is_local else scratch / "model"
+    job = TrainingJob(
+        model_dir=str(store.local_dir(model_url)),
+        data_file=str(store.local_file(data_url)),
+        output_dir=str(output),
+        max_length=max_length,
+        trl_args={**trl_args, "output_dir": str(scratch / "work")},
+    )
+    metrics_file = scratch / "metrics.json"
+    env = {**(extra_env or {}), "FLYWHEEL_METRICS_FILE": str(metrics_file)}
+    log_file = scratch / "train.log"
+    launch(module, job.save(scratch / "job.json"), log_file, num_processes, extra_env=env)
+    if not store.is_local:
+        store.upload_dir(output, f"{out_url}/model")
+    store.write_text(f"{out_url}/train.log", log_file.read_text())
+    return json.loads(metrics_file.read_text()) if metrics_file.exists() else {}

@@ -1,0 +1,51 @@
+"""Supervised fine-tuning on trajectories with trl's SFTTrainer, loss on marked turns only.
+
+Run alone (`python -m training.sft --config job.json`) or on several processes
+(`accelerate launch -m training.sft --config job.json`). Writes the final model to
+`job.output_dir` (rank 0); no intermediate checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import SFTConfig, SFTTrainer
+
+from flywheel.chat import ChatTokenizer
+from flywheel.records import Trajectory
+from training.datasets import sft_rows
+from training.job import TrainingJob, parse_job, report_metrics, trainer_defaults
+
+
+def train(job: TrainingJob) -> dict:
+    tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
+    chat = ChatTokenizer(tokenizer)
+    with open(job.data_file) as f:
+        trajectories = [Trajectory.model_validate_json(line) for line in f if line.strip()]
+    rows = sft_rows(trajectories, chat, job.max_length)
+    if not rows:
+        raise ValueError(f"{job.data_file}: no trajectory has tokens to learn from")
+    config = SFTConfig(max_length=job.max_length, **trainer_defaults(job))
+    model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype="float32")
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+    )
+    result = trainer.train()
+    trainer.save_model(job.output_dir)
+    if not trainer.is_world_process_zero():
+        return {}
+    tokenizer.save_pretrained(job.output_dir)
+    return {"train_loss": result.training_loss, "rows": len(rows), **result.metrics}
+
+
+def main(argv: list[str] | None = None) -> None:
+    report_metrics(train(parse_job(__doc__.splitlines()[0], argv)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
