@@ -70,14 +70,22 @@ class ChatTokenizer:
         self.generation_header = with_prompt[len(base) :]
         turn = self._render([self._system, {"role": "assistant", "content": "X"}])[len(base) :]
         if not turn.startswith(self.generation_header + "X"):
-            raise ValueError("chat template: assistant turn does not start with the generation prompt")
+            raise ValueError(
+                "chat template: assistant turn does not start with the generation prompt"
+            )
         self.turn_end = turn[len(self.generation_header) + 1 :]
-        sample = [self._system, {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
+        sample = [
+            self._system,
+            {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "A"},
+        ]
         if self._render(sample) != base + "".join(self._chunk_text(m) for m in sample[1:]):
             raise ValueError("chat template does not render messages independently")
         self.header_ids = self._encode(self.generation_header)
         self.turn_end_ids = self._encode(self.turn_end)
-        self.eos_ids = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+        self.eos_ids = {
+            i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None
+        }
         self.eos_ids.update(self._encode(self.turn_end.strip()))
 
     def _render(self, messages, add_generation_prompt: bool = False) -> str:

@@ -38,8 +38,16 @@ class Trajectory(BaseModel):
 
     @property
     def prompt(self) -> list[Message]:
-        """System prompt, examples and the task instruction: what every attempt shares."""
-        return self.messages[: self.episode_start + 1]
+        """System prompt and task instruction, without worked examples.
+
+        Examples help an untrained model at inference; training leaves them out (as ETO does),
+        which keeps sequences short.
+        """
+        return [self.messages[0], self.messages[self.episode_start]]
+
+    @property
+    def training_messages(self) -> list[Message]:
+        return self.prompt + self.continuation
 
     @property
     def continuation(self) -> list[Message]:

@@ -9,14 +9,16 @@ work, kept for the benchmark.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
 from envs.base import Environment, Episode
 from flywheel.chat import ChatTokenizer, format_observation, format_reply, parse_reply
-from flywheel.inference import InferenceBackend, SamplingSettings
-from flywheel.records import Message, Trajectory
+from flywheel.inference import InferenceBackend, OpenAIBackend, SamplingSettings, shared_vllm
+from flywheel.records import EpisodeStats, Manifest, Message, Trajectory
+from flywheel.storage import ArtifactStore
 
 
 @dataclass(frozen=True)
@@ -193,3 +195,64 @@ def few_shot_examples(env: Environment, count: int, max_steps: int = 4) -> list[
             if trajectory:
                 examples.append(trajectory)
     return examples
+
+
+def open_backend(inference, model_dir: str) -> InferenceBackend:
+    """The backend `inference` (an `InferenceSettings`) names, for the model in `model_dir`."""
+    if inference.backend == "openai":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        return OpenAIBackend(inference.base_url, model_dir, tokenizer=tokenizer)
+    return shared_vllm(model_dir, inference.max_model_len, inference.kv_cache_gib)
+
+
+def rollout_to_store(
+    store: ArtifactStore,
+    stage: str,
+    model_url: str,
+    env_name: str,
+    task_ids: list[str],
+    prefix: list[Message],
+    inference,
+    max_steps: int,
+    sampling: SamplingSettings,
+    out_url: str,
+) -> Manifest:
+    """Roll the model out on `task_ids`, store the trajectories and publish their statistics."""
+    if (done := store.manifest(out_url)) is not None:
+        return done
+    from transformers import AutoTokenizer
+
+    from envs import make_env
+
+    model_dir = str(store.local_dir(model_url))
+    chat = ChatTokenizer(AutoTokenizer.from_pretrained(model_dir))
+    settings = RolloutSettings(max_steps, inference.max_model_len, sampling)
+    backend = open_backend(inference, model_dir)
+    env = make_env(env_name)
+    started = time.perf_counter()
+    trajectories = run_batched(env, task_ids, backend, chat, prefix, settings)
+    seconds = time.perf_counter() - started
+    url = store.write_records(f"{out_url}/trajectories.jsonl", trajectories)
+    stats = EpisodeStats.of(trajectories)
+    generated = sum(len(m.token_ids or ()) for t in trajectories for m in t.messages)
+    reasons: dict[str, int] = {}
+    for t in trajectories:
+        key = "error" if t.finish_reason.startswith("error") else t.finish_reason
+        reasons[key] = reasons.get(key, 0) + 1
+    return store.publish(
+        Manifest(
+            stage=stage,
+            url=out_url,
+            files={"trajectories": url},
+            counts={"episodes": stats.episodes, "successes": stats.successes, **reasons},
+            metrics={
+                "success_rate": stats.success_rate,
+                "average_reward": stats.average_reward,
+                "average_steps": stats.average_steps,
+                "seconds": seconds,
+                "generated_tokens_per_s": generated / seconds if seconds else 0.0,
+            },
+        )
+    )

@@ -76,6 +76,9 @@ class SFTSettings(Strict):
 
     epochs: float = Field(default=3.0, gt=0)
     learning_rate: float = Field(default=1e-4, gt=0)
+    # Sequences per optimizer step, run one at a time (gradient accumulation): on a CPU, padding
+    # a batch to its longest member costs more than batching saves. Set
+    # trl_args.per_device_train_batch_size on a GPU.
     batch_size: int = Field(default=4, ge=1)
     max_length: int = Field(default=2048, ge=64)
     num_processes: int = Field(default=1, ge=1)  # >1 launches through `accelerate launch`

@@ -65,6 +65,12 @@ class ArtifactStore:
             f.write(text)
         return url
 
+    def write_bytes(self, url: str, data: bytes) -> str:
+        self.fs.makedirs(self._path(url).rsplit("/", 1)[0], exist_ok=True)
+        with self.fs.open(self._path(url), "wb") as f:
+            f.write(data)
+        return url
+
     def read_text(self, url: str) -> str:
         with self.fs.open(self._path(url), "r") as f:
             return f.read()
@@ -73,7 +79,9 @@ class ArtifactStore:
         return self.write_text(url, "".join(r.model_dump_json() + "\n" for r in records))
 
     def read_records(self, url: str, model: type[Record]) -> list[Record]:
-        return [model.model_validate_json(line) for line in self.read_text(url).splitlines() if line]
+        return [
+            model.model_validate_json(line) for line in self.read_text(url).splitlines() if line
+        ]
 
     def write_json(self, url: str, data) -> str:
         return self.write_text(url, json.dumps(data, indent=2))

@@ -50,7 +50,11 @@ def build_pairs(
         else:
             report.wins += 1
             chosen, rejected = trajectory.continuation, golden.continuation
-            prompt, chosen_reward, rejected_reward = trajectory.prompt, trajectory.reward, golden.reward
+            prompt, chosen_reward, rejected_reward = (
+                trajectory.prompt,
+                trajectory.reward,
+                golden.reward,
+            )
         chosen, rejected = _ends_on_agent(chosen), _ends_on_agent(rejected)
         if not chosen or not rejected:
             report.dropped += 1

@@ -17,7 +17,7 @@ def sft_rows(trajectories: list[Trajectory], chat: ChatTokenizer, max_length: in
     """
     rows = []
     for trajectory in trajectories:
-        ids, mask = chat.encode(trajectory.messages)
+        ids, mask = chat.encode(trajectory.training_messages)
         ids, mask = ids[:max_length], mask[:max_length]
         if any(mask):
             rows.append({"input_ids": ids, "assistant_masks": mask})

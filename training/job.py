@@ -43,7 +43,12 @@ def reporting() -> str:
 
 def trainer_defaults(job: TrainingJob) -> dict:
     """Settings every Flywheel trainer shares; `job.trl_args` overrides any of them."""
+    import torch
+
+    gpu = torch.cuda.is_available()
     return {
+        "bf16": gpu and torch.cuda.is_bf16_supported(),
+        "use_cpu": not gpu,
         "output_dir": str(Path(job.output_dir).with_name(Path(job.output_dir).name + "-work")),
         "report_to": reporting(),
         "logging_steps": 1,
@@ -52,6 +57,9 @@ def trainer_defaults(job: TrainingJob) -> dict:
         "dataloader_num_workers": 0,
         "disable_tqdm": False,
         "seed": 0,
+        # One sequence per step: padding a batch to its longest member costs more than it saves
+        # on a CPU; accumulate instead.
+        "per_device_train_batch_size": 1,
         **job.trl_args,
     }
 

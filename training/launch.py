@@ -14,7 +14,9 @@ from pathlib import Path
 ACCELERATE_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
 
 
-def command(module: str, job_file: Path, num_processes: int, accelerate_config: str | None) -> list[str]:
+def command(
+    module: str, job_file: Path, num_processes: int, accelerate_config: str | None
+) -> list[str]:
     if num_processes <= 1:
         return [sys.executable, "-m", module, "--config", str(job_file)]
     config = accelerate_config or str(ACCELERATE_CONFIGS / "ddp.yaml")
@@ -36,7 +38,9 @@ def launch(
     env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
     cmd = command(module, job_file, num_processes, accelerate_config)
     with open(log_file, "w") as log:
-        process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+        process = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True
+        )
         for line in process.stdout:
             log.write(line)
             sys.stdout.write(line)
@@ -65,7 +69,10 @@ def train_to_store(
     import json
     import tempfile
 
+    from flywheel.inference import release_vllm
     from training.job import TrainingJob
+
+    release_vllm()  # the trainer needs the memory the engine's KV cache holds
 
     scratch = Path(tempfile.mkdtemp(prefix="flywheel-train-"))
     output = store.local_dir(f"{out_url}/model") if store.is_local else scratch / "model"
@@ -84,3 +91,40 @@ def train_to_store(
         store.upload_dir(output, f"{out_url}/model")
     store.write_text(f"{out_url}/train.log", log_file.read_text())
     return json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
+
+
+def trainer_stage(
+    stage: str,
+    module: str,
+    store,
+    label: str,
+    model_url: str,
+    data_url: str,
+    out_url: str,
+    max_length: int,
+    trl_args: dict,
+    num_processes: int,
+    tracking=None,
+):
+    """A whole training stage: skip if published, train under the stage's MLflow run, publish."""
+    from flywheel.records import Manifest
+
+    if (done := store.manifest(out_url)) is not None:
+        return done
+    env, run_id = {}, None
+    if tracking:
+        tracker, run_id = tracking.stage_run(f"{stage}/{label}")
+        env = tracker.subprocess_env(run_id)
+    metrics = train_to_store(
+        store, module, model_url, data_url, out_url, max_length, trl_args, num_processes, env
+    )
+    if run_id:
+        tracker.finish(run_id)
+    return store.publish(
+        Manifest(
+            stage=stage,
+            url=out_url,
+            files={"model": f"{out_url}/model", "log": f"{out_url}/train.log"},
+            metrics={k: float(v) for k, v in metrics.items() if isinstance(v, int | float)},
+        )
+    )

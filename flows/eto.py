@@ -1,0 +1,112 @@
+"""ETO (Song et al., 2024): SFT on expert trajectories, then rounds of explore → pairs → DPO.
+
+    python -m flows.eto --config configs/eto_textcraft.yaml [key=value ...]
+
+Each stage is a cached Prefect task that publishes a manifest; a re-run skips every finished
+stage and resumes at the first one that did not finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from prefect import flow, unmapped
+from prefect.runtime import flow_run
+
+from envs import make_env
+from flywheel.records import Manifest
+from flywheel.rollout import agent_prefix, few_shot_examples, select_tasks
+from flywheel.runner import make_task_runner, preflight, start_tracking
+from flywheel.settings import ConfigError, ETOConfig, load_config, validate_config
+from tasks.build_pairs import build_pairs_stage
+from tasks.dpo import dpo_stage
+from tasks.evaluate import evaluate_stage
+from tasks.expert_data import expert_data_stage
+from tasks.explore import explore_stage, shard
+from tasks.prepare_model import prepare_model_stage
+from tasks.report import report_stage
+from tasks.sft import sft_stage
+
+
+@flow(name="eto", log_prints=True)
+def eto(config: dict | None = None) -> list[dict]:
+    cfg: ETOConfig = validate_config(ETOConfig, config or {})
+    store = preflight(cfg)
+    run = store.url(cfg.run_name)
+    tracking = start_tracking(cfg, flow_run.get_id())
+    env = make_env(cfg.env.name)
+    train_ids = select_tasks(env.task_ids("train"), cfg.env.train_tasks, cfg.seed)
+    test_ids = select_tasks(env.task_ids("test"), cfg.env.test_tasks, cfg.seed)
+    prefix = agent_prefix(env, few_shot_examples(env, cfg.env.few_shot))
+
+    def evaluate(label: str, model: Manifest) -> tuple[str, Manifest]:
+        result = evaluate_stage(
+            store.root, label, model.files["model"], env.name, test_ids, prefix,
+            cfg.inference, cfg.env.max_steps, f"{run}/evaluate/{label}", tracking,
+        )  # fmt: skip
+        return label, result
+
+    base = prepare_model_stage(store.root, cfg.model.base)
+    expert = expert_data_stage(store.root, env.name, train_ids, prefix, f"{run}/expert")
+    evaluations = [evaluate("untrained", base)]
+    policy = sft_stage(
+        store.root, "expert", base.files["model"], expert.files["trajectories"], cfg.sft,
+        cfg.seed, f"{run}/sft", tracking,
+    )  # fmt: skip
+    evaluations.append(evaluate("sft", policy))
+    notes = []
+    for round_no in range(1, cfg.rounds + 1):
+        round_url = f"{run}/round-{round_no}"
+        shards = shard(train_ids, cfg.explore.shards, cfg.explore.samples_per_task)
+        explored = explore_stage.map(
+            store.root, policy.files["model"], env.name, shards, unmapped(prefix),
+            unmapped(cfg.inference), unmapped(cfg.explore), cfg.env.max_steps,
+            [cfg.seed + round_no * 1000 + i for i in range(len(shards))],
+            [f"{round_url}/explore/shard-{i}" for i in range(len(shards))],
+        ).result()  # fmt: skip
+        pairs = build_pairs_stage(
+            store.root, [m.files["trajectories"] for m in explored],
+            expert.files["trajectories"], f"{round_url}/pairs", cfg.dpo.rejected_extra_turns,
+        )  # fmt: skip
+        if pairs.counts["pairs"] == 0:
+            notes.append(
+                f"round {round_no}: no preference pairs ({pairs.counts}); stopped before DPO."
+            )
+            print(notes[-1])
+            break
+        policy = dpo_stage(
+            store.root, f"round-{round_no}", policy.files["model"], pairs.files["pairs"],
+            cfg.dpo, cfg.seed, f"{round_url}/dpo", tracking,
+        )  # fmt: skip
+        evaluations.append(evaluate(f"eto-round-{round_no}", policy))
+    table = report_stage(store.root, run, f"ETO on {env.name}", evaluations, notes, tracking)
+    print(table)
+    if tracking:
+        tracking.tracker().finish(tracking.parent_run_id)
+    return [dict(stage=label, **m.metrics) for label, m in evaluations]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.eto",
+        description="Run ETO: SFT on expert trajectories, then explore → pairs → DPO rounds.",
+        epilog="Overrides use dotted keys, e.g. rounds=1 env.test_tasks=20 dpo.beta=0.2 "
+        "storage_url=s3://bucket/runs. Every field is documented in flywheel/settings.py.",
+    )
+    parser.add_argument("--config", help="YAML config file (defaults apply where it is silent)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="settings to override")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(ETOConfig, args.config, args.overrides)
+        preflight(cfg)
+    except (ConfigError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    runner = make_task_runner(cfg.task_runner)
+    eto.with_options(task_runner=runner)(config=cfg.model_dump())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

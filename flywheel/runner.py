@@ -1,0 +1,52 @@
+"""What a recipe flow does before its first stage: check the config's outside world, pick the
+task runner, and open the flow run's MLflow parent run."""
+
+from __future__ import annotations
+
+from flywheel.settings import ConfigError
+from flywheel.stage import TrackingRef
+from flywheel.storage import ArtifactStore
+from flywheel.tracking import Tracker
+
+
+def preflight(cfg) -> ArtifactStore:
+    """Refuse a run whose storage cannot be written, naming the field."""
+    store = ArtifactStore(cfg.storage_url)
+    try:
+        store.check_writable()
+    except OSError as error:
+        raise ConfigError(f"storage_url: {error}") from None
+    return store
+
+
+def make_task_runner(name: str):
+    """Threads by default; Dask or Ray spread stages over processes or machines."""
+    if name == "threads":
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner(max_workers=4)
+    if name == "dask":
+        try:
+            from prefect_dask import DaskTaskRunner
+        except ImportError:
+            raise ConfigError("task_runner: 'dask' needs `pip install prefect-dask`") from None
+        return DaskTaskRunner()
+    if name == "ray":
+        try:
+            from prefect_ray import RayTaskRunner
+        except ImportError:
+            raise ConfigError("task_runner: 'ray' needs `pip install prefect-ray`") from None
+        return RayTaskRunner()
+    raise ConfigError(f"task_runner: unknown runner {name!r}")
+
+
+def start_tracking(cfg, flow_run_id: str | None) -> TrackingRef:
+    tracker = Tracker(cfg.mlflow_tracking_uri, cfg.mlflow_experiment)
+    name = f"{cfg.run_name}/{flow_run_id or 'local'}"
+    run_id = tracker.start(name, tags={"flywheel.run_name": cfg.run_name})
+    tracker.log_params(run_id, {"config": cfg.model_dump_json()})
+    return TrackingRef(
+        tracking_uri=cfg.mlflow_tracking_uri,
+        experiment=cfg.mlflow_experiment,
+        parent_run_id=run_id,
+    )

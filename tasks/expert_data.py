@@ -1,0 +1,59 @@
+"""Stage: expert trajectories on the train tasks, in the agent's own chat format.
+
+They come from the environment's expert (TextCraft: a solver over the listed recipes) or from a
+file in ETO's published SFT format (`expert_file`), so users can bring ETO's data.
+"""
+
+from __future__ import annotations
+
+from prefect import task
+from tqdm import tqdm
+
+from envs import make_env
+from flywheel.eto_format import read_eto_sft, write_eto_sft
+from flywheel.records import Manifest, Message, Trajectory
+from flywheel.rollout import expert_trajectory
+from flywheel.stage import STAGE_CACHE, store_for
+
+
+def collect_expert(
+    env, task_ids: list[str], prefix: list[Message]
+) -> tuple[list[Trajectory], list[str]]:
+    """Expert trajectories for the tasks it solves, and the ids of those it does not."""
+    solved, unsolved = [], []
+    for task_id in tqdm(task_ids, desc="expert trajectories", unit="task"):
+        trajectory = expert_trajectory(env, task_id, prefix)
+        (solved.append(trajectory) if trajectory else unsolved.append(task_id))
+    return solved, unsolved
+
+
+@task(name="expert-trajectories", cache_policy=STAGE_CACHE, persist_result=True)
+def expert_data_stage(
+    store_url: str,
+    env_name: str,
+    task_ids: list[str],
+    prefix: list[Message],
+    out_url: str,
+    expert_file: str | None = None,
+) -> Manifest:
+    store = store_for(store_url)
+    if (done := store.manifest(out_url)) is not None:
+        return done
+    if expert_file:
+        trajectories = read_eto_sft(store.read_json(expert_file), env_name, prefix)
+        wanted = set(task_ids)
+        trajectories = [t for t in trajectories if t.task_id in wanted]
+        unsolved = sorted(wanted - {t.task_id for t in trajectories})
+    else:
+        trajectories, unsolved = collect_expert(make_env(env_name), task_ids, prefix)
+    url = store.write_records(f"{out_url}/expert.jsonl", trajectories)
+    eto_url = store.write_json(f"{out_url}/eto_sft.json", write_eto_sft(trajectories))
+    return store.publish(
+        Manifest(
+            stage="expert-trajectories",
+            url=out_url,
+            files={"trajectories": url, "eto_sft": eto_url},
+            counts={"trajectories": len(trajectories), "unsolved": len(unsolved)},
+            notes=[f"no expert trajectory for: {', '.join(unsolved)}"] if unsolved else [],
+        )
+    )

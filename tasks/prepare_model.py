@@ -1,0 +1,38 @@
+"""Stage: the starting model as a Hugging Face folder in the store (converted once, then cached)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from prefect import task
+
+from flywheel.model import convert_base_model, make_tiny_model
+from flywheel.records import Manifest
+from flywheel.stage import STAGE_CACHE, store_for
+from flywheel.storage import ArtifactStore
+
+
+def prepare_model(store: ArtifactStore, base: str) -> Manifest:
+    """`smollm2-135m` and `tiny` are built under `<store>/models/`; a folder is used as it is."""
+    out_url = store.url("models", base if base in ("smollm2-135m", "tiny") else Path(base).name)
+    if (done := store.manifest(out_url)) is not None:
+        return done
+    if base not in ("smollm2-135m", "tiny"):
+        model_url = "file://" + base
+    else:
+        work = store.local_dir(f"{out_url}/model") if store.is_local else Path(tempfile.mkdtemp())
+        base_dir = convert_base_model(store.cache_dir / "models" / "smollm2-135m")
+        if base == "tiny":
+            make_tiny_model(work, base_dir)
+        elif work != base_dir:
+            convert_base_model(work)
+        if not store.is_local:
+            store.upload_dir(work, f"{out_url}/model")
+        model_url = f"{out_url}/model"
+    return store.publish(Manifest(stage="prepare-model", url=out_url, files={"model": model_url}))
+
+
+@task(name="prepare-model", cache_policy=STAGE_CACHE, persist_result=True)
+def prepare_model_stage(store_url: str, base: str) -> Manifest:
+    return prepare_model(store_for(store_url), base)

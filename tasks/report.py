@@ -1,0 +1,99 @@
+"""Stage: the results table and a success-rate plot, into the store, MLflow and the Prefect UI."""
+
+from __future__ import annotations
+
+import base64
+import io
+import tempfile
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from flywheel.records import Manifest
+from flywheel.stage import TrackingRef, store_for
+
+
+def results_rows(evaluations: list[tuple[str, Manifest]]) -> list[dict]:
+    return [
+        {
+            "stage": label,
+            "success_rate": round(m.metrics["success_rate"], 4),
+            "solved": f"{m.counts.get('successes', 0)}/{m.counts.get('episodes', 0)}",
+            "average_reward": round(m.metrics["average_reward"], 4),
+            "average_steps": round(m.metrics["average_steps"], 2),
+        }
+        for label, m in evaluations
+    ]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    header = "| stage | success rate | solved | average reward | average steps |\n|---|---|---|---|---|\n"
+    return header + "".join(
+        f"| {r['stage']} | {r['success_rate']:.1%} | {r['solved']} | {r['average_reward']:.3f} "
+        f"| {r['average_steps']:.1f} |\n"
+        for r in rows
+    )
+
+
+def success_plot(rows: list[dict], title: str) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
+    labels = [r["stage"] for r in rows]
+    values = [100 * r["success_rate"] for r in rows]
+    bars = ax.bar(labels, values, color="#4c72b0")
+    ax.bar_label(bars, fmt="%.1f%%")
+    ax.set_ylabel("success rate on test tasks (%)")
+    ax.set_ylim(0, max(10.0, max(values, default=0) * 1.25))
+    ax.set_title(title)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+@task(name="report")
+def report_stage(
+    store_url: str,
+    run_url: str,
+    title: str,
+    evaluations: list[tuple[str, Manifest]],
+    notes: list[str],
+    tracking: TrackingRef | None = None,
+) -> str:
+    """Not cached: every flow run writes its own report into its own MLflow parent run."""
+    store = store_for(store_url)
+    rows = results_rows(evaluations)
+    table = markdown_table(rows)
+    png = success_plot(rows, title)
+    store.write_json(f"{run_url}/results.json", rows)
+    store.write_text(f"{run_url}/results.md", table)
+    store.write_bytes(f"{run_url}/success_rate.png", png)
+    links = [f"- Artifacts: `{run_url}`"]
+    if tracking:
+        tracker = tracking.tracker()
+        with tempfile.TemporaryDirectory() as folder:
+            for name, data in [("results.md", table.encode()), ("success_rate.png", png)]:
+                (Path(folder) / name).write_bytes(data)
+                tracker.log_artifact(tracking.parent_run_id, Path(folder) / name)
+        if rows:
+            columns = {key: [row[key] for row in rows] for key in rows[0]}
+            tracker.client.log_table(tracking.parent_run_id, columns, "results.json")
+        for step, row in enumerate(rows):
+            tracker.log_metrics(
+                tracking.parent_run_id, {"test_success_rate": row["success_rate"]}, step
+            )
+        links.append(f"- MLflow run: {tracker.run_url(tracking.parent_run_id)}")
+    image = base64.b64encode(png).decode()
+    markdown = "\n".join(
+        [f"# {title}", "", table, f"![success rate](data:image/png;base64,{image})", "", *links]
+        + ([""] + [f"- {n}" for n in notes] if notes else [])
+    )
+    create_table_artifact(rows, key="results", description=title)
+    create_markdown_artifact(markdown, key="report", description=title)
+    return table

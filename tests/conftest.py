@@ -1,0 +1,49 @@
+"""Shared fixtures. Every cache a run would put in HOME goes to a temporary folder instead."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_SESSION_HOME = Path(tempfile.mkdtemp(prefix="flywheel-tests-"))
+os.environ.update(
+    {
+        "PREFECT_HOME": str(_SESSION_HOME / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "HF_HOME": str(_SESSION_HOME / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TORCH_EXTENSIONS_DIR": str(_SESSION_HOME / "torch_extensions"),
+        "FLYWHEEL_CACHE": os.environ.get("FLYWHEEL_TEST_CACHE", str(_SESSION_HOME / "cache")),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{_SESSION_HOME / 'mlflow.db'}",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+)
+
+
+@pytest.fixture(scope="session")
+def base_model_dir() -> Path:
+    from flywheel.model import convert_base_model
+
+    return convert_base_model(Path(os.environ["FLYWHEEL_CACHE"]) / "models" / "smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(base_model_dir) -> Path:
+    from flywheel.model import make_tiny_model
+
+    return make_tiny_model(Path(os.environ["FLYWHEEL_CACHE"]) / "models" / "tiny", base_model_dir)
+
+
+@pytest.fixture(scope="session")
+def chat(base_model_dir):
+    from transformers import AutoTokenizer
+
+    from flywheel.chat import ChatTokenizer
+
+    return ChatTokenizer(AutoTokenizer.from_pretrained(base_model_dir))

@@ -1,0 +1,48 @@
+import pytest
+
+from flows.eto import main
+from flywheel.settings import ConfigError, ETOConfig, load_config
+
+
+def test_defaults_are_etos():
+    cfg = ETOConfig()
+    assert cfg.dpo.beta == 0.1 and cfg.dpo.learning_rate == 1e-6
+    assert cfg.explore.temperature == 0.0 and cfg.explore.samples_per_task == 1
+
+
+def test_overrides_parse_values_into_nested_fields(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rounds: 1\nenv:\n  test_tasks: 5\n")
+    cfg = load_config(ETOConfig, str(path), ["dpo.beta=0.25", "env.max_steps=7"])
+    assert (cfg.rounds, cfg.env.test_tasks, cfg.dpo.beta, cfg.env.max_steps) == (1, 5, 0.25, 7)
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("env.name=webshopx", "env.name"),
+        ("model.base=/no/such/model", "model.base"),
+        ("rounds=-1", "rounds"),
+        ("dpo.bta=0.1", "dpo.bta"),
+        ("task_runner=spark", "task_runner"),
+    ],
+)
+def test_bad_config_names_the_field(override, field):
+    with pytest.raises(ConfigError) as error:
+        load_config(ETOConfig, None, [override])
+    assert field in str(error.value)
+
+
+def test_malformed_override_and_missing_file_are_explained(tmp_path):
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(ETOConfig, None, ["rounds"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(ETOConfig, str(tmp_path / "nope.yaml"))
+
+
+def test_cli_refuses_unwritable_storage_before_any_work(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    code = main([f"storage_url={blocker}/runs", f"mlflow_tracking_uri=sqlite:///{tmp_path}/m.db"])
+    assert code == 2
+    assert "storage_url" in capsys.readouterr().err
