@@ -30,8 +30,14 @@ from tasks.sft import sft_stage
 
 
 @flow(name="eto", log_prints=True)
-def eto(config: dict | None = None) -> list[dict]:
-    cfg: ETOConfig = validate_config(ETOConfig, config or {})
+def eto(
+    config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
+) -> list[dict]:
+    """`config` (a mapping) or `config_file` (YAML), then `overrides` (`key=value`) on top."""
+    if config is not None:
+        cfg: ETOConfig = validate_config(ETOConfig, config)
+    else:
+        cfg = load_config(ETOConfig, config_file, overrides or [])
     store = preflight(cfg)
     run = store.url(cfg.run_name)
     tracking = start_tracking(cfg, flow_run.get_id())

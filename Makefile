@@ -1,0 +1,22 @@
+# The two commands of the README: `make demo` (the ETO run on the embedded defaults) and
+# `make test`. Both install what they need into .venv first (scripts/install.sh, idempotent).
+PY := .venv/bin/python
+export PREFECT_HOME ?= $(CURDIR)/.prefect
+export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
+
+.PHONY: install demo test lint bench services
+
+install:
+	bash scripts/install.sh
+
+demo: install
+	$(PY) -m flows.eto --config configs/eto_textcraft.yaml
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+
+bench: install
+	$(PY) bench/rollout_throughput.py
