@@ -3,6 +3,7 @@
 PY := .venv/bin/python
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
+export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
 .PHONY: install demo test lint bench services
 

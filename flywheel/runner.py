@@ -10,13 +10,40 @@ from flywheel.tracking import Tracker
 
 
 def preflight(cfg) -> ArtifactStore:
-    """Refuse a run whose storage cannot be written, naming the field."""
+    """Refuse a run whose storage cannot be written or whose trainer settings trl rejects."""
     store = ArtifactStore(cfg.storage_url)
     try:
         store.check_writable()
     except OSError as error:
         raise ConfigError(f"storage_url: {error}") from None
+    check_trainer_settings(cfg)
     return store
+
+
+def check_trainer_settings(cfg) -> None:
+    """Build trl's configs from the settings now, so a bad `trl_args` fails before any work."""
+    import tempfile
+
+    from trl import DPOConfig, SFTConfig
+
+    from tasks.dpo import dpo_trl_args
+    from tasks.sft import sft_trl_args
+    from training.job import TrainingJob, trainer_defaults
+
+    with tempfile.TemporaryDirectory() as scratch:
+        for field, config_class, args in [
+            ("sft", SFTConfig, sft_trl_args(cfg.sft, cfg.seed)),
+            ("dpo", DPOConfig, dpo_trl_args(cfg.dpo, cfg.seed)),
+        ]:
+            job = TrainingJob(
+                model_dir="", data_file="", output_dir=f"{scratch}/out", trl_args=args
+            )
+            try:
+                config_class(**trainer_defaults(job))
+            except (TypeError, ValueError) as error:
+                raise ConfigError(
+                    f"{field}.trl_args: trl's {config_class.__name__} says: {error}"
+                ) from None
 
 
 def make_task_runner(name: str):

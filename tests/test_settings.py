@@ -46,3 +46,9 @@ def test_cli_refuses_unwritable_storage_before_any_work(tmp_path, capsys):
     code = main([f"storage_url={blocker}/runs", f"mlflow_tracking_uri=sqlite:///{tmp_path}/m.db"])
     assert code == 2
     assert "storage_url" in capsys.readouterr().err
+
+
+def test_cli_refuses_trl_arguments_trl_does_not_know(tmp_path, capsys):
+    code = main([f"storage_url={tmp_path}/runs", "dpo.trl_args={no_such_option: 1}"])
+    assert code == 2
+    assert "dpo.trl_args" in capsys.readouterr().err

@@ -1,0 +1,78 @@
+"""The HTTP backend against a real `vllm serve` of the tiny model on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from transformers import AutoTokenizer
+
+from envs import make_env
+from flywheel.chat import ChatTokenizer
+from flywheel.inference import OpenAIBackend, SamplingSettings
+from flywheel.rollout import RolloutSettings, agent_prefix, run_batched
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("vllm") / "serve.log", "w")  # noqa: SIM115 - the server's lifetime
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(tiny_model_dir),
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+        "--max-model-len", "2048", "--enforce-eager", "--enable-prefix-caching",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"vllm serve exited with {process.returncode}; see {log.name}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    else:
+        process.kill()
+        pytest.fail("vllm serve did not become healthy in 240 s")
+    yield url
+    process.terminate()
+    process.wait(timeout=60)
+    log.close()
+
+
+def test_rollout_through_an_openai_compatible_server(server, tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    chat = ChatTokenizer(tokenizer)
+    backend = OpenAIBackend(server, str(tiny_model_dir), tokenizer=tokenizer)
+    env = make_env("textcraft")
+    tasks = env.task_ids("test")[:3]
+    settings = RolloutSettings(max_steps=2, sampling=SamplingSettings(max_tokens=16))
+    trajectories = run_batched(env, tasks, backend, chat, agent_prefix(env, []), settings, False)
+    assert [t.task_id for t in trajectories] == tasks
+    for trajectory in trajectories:
+        assert trajectory.n_steps == 2 and trajectory.finish_reason == "max_steps"
+        reply = trajectory.messages[trajectory.episode_start + 1]
+        assert reply.token_ids  # the server's own ids, not a re-tokenisation
+        assert tokenizer.decode(reply.token_ids) == reply.content
+
+
+def test_server_errors_are_reported_with_status_and_body(server):
+    backend = OpenAIBackend(server, "no-such-model")
+    with pytest.raises(RuntimeError, match="answered 404"):
+        backend.generate([[1, 2, 3]], SamplingSettings(max_tokens=2))

@@ -1,0 +1,53 @@
+"""The rollout loop on real TextCraft, with replies scripted per episode (the model is replaced
+so the loop's rules can be checked exactly; real vLLM runs in test_eto_flow)."""
+
+from __future__ import annotations
+
+from envs import make_env
+from flywheel.chat import FORMAT_HINT, format_reply
+from flywheel.inference import Generation
+from flywheel.rollout import RolloutSettings, agent_prefix, run_batched
+
+
+class ScriptedBackend:
+    """Answers each prompt with the next reply scripted for the episode whose prompt it is."""
+
+    def __init__(self, chat, scripts: dict[str, list[str]]):
+        self.chat, self.scripts, self.calls = chat, scripts, []
+
+    def generate(self, prompts, sampling):
+        self.calls.append(len(prompts))
+        out = []
+        for prompt in prompts:
+            text = self.chat.tokenizer.decode(prompt)
+            task = next(t for t in self.scripts if f"Goal: craft {t.replace('_', ' ')}." in text)
+            reply = self.scripts[task].pop(0) if self.scripts[task] else "Action: inventory"
+            ids = self.chat.tokenizer(reply, add_special_tokens=False)["input_ids"]
+            out.append(Generation(reply, ids + [self.chat.tokenizer.eos_token_id], "stop"))
+        return out
+
+    def close(self):
+        pass
+
+
+def test_batched_rollout_steps_all_live_episodes_together(chat):
+    env = make_env("textcraft")
+    solved, garbage = "acacia_boat", "birch_boat"
+    plan = env.expert_plan(solved)
+    scripts = {solved: [format_reply(t, a) for t, a in plan], garbage: ["hello"] * 10}
+    backend = ScriptedBackend(chat, scripts)
+    prefix = agent_prefix(env, [])
+    trajectories = run_batched(
+        env, [solved, garbage], backend, chat, prefix, RolloutSettings(max_steps=6), progress=False
+    )
+    assert [t.task_id for t in trajectories] == [solved, garbage]
+    win, loss = trajectories
+    assert win.success and win.reward == 1.0 and win.finish_reason == "done"
+    assert win.n_steps == len(plan) and win.messages[-1].role == "assistant"
+    assert loss.finish_reason == "max_steps" and not loss.success and loss.n_steps == 6
+    assert loss.messages[-2].content == f"Observation: {FORMAT_HINT}"  # malformed reply, no crash
+    # One call per step while both live, then the survivor alone.
+    assert backend.calls == [2] * len(plan) + [1] * (6 - len(plan))
+    # Generated ids are stored without the end token and rendered back verbatim.
+    reply = win.messages[win.episode_start + 1]
+    assert reply.token_ids and reply.token_ids[-1] != chat.tokenizer.eos_token_id
