@@ -20,7 +20,13 @@ from trl.trainer.dpo_trainer import DataCollatorForPreference
 from flywheel.chat import ChatTokenizer
 from flywheel.records import Pair
 from training.datasets import dpo_rows
-from training.job import TrainingJob, parse_job, report_metrics, trainer_defaults
+from training.job import (
+    TrainingJob,
+    parse_job,
+    report_metrics,
+    train_and_save,
+    trainer_defaults,
+)
 
 
 @dataclass
@@ -74,12 +80,7 @@ def train(job: TrainingJob) -> dict:
         processing_class=tokenizer,
         data_collator=collator,
     )
-    result = trainer.train()
-    trainer.save_model(job.output_dir)
-    if not trainer.is_world_process_zero():
-        return {}
-    tokenizer.save_pretrained(job.output_dir)
-    return {"train_loss": result.training_loss, "rows": len(rows), **result.metrics}
+    return train_and_save(trainer, tokenizer, job, len(rows))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -71,3 +71,13 @@ def report_metrics(metrics: dict) -> None:
     print(json.dumps(metrics))
     if target := os.environ.get("FLYWHEEL_METRICS_FILE"):
         Path(target).write_text(json.dumps(metrics))
+
+
+def train_and_save(trainer, tokenizer, job: TrainingJob, rows: int) -> dict:
+    """Train, write the model folder (all ranks take part in saving), return rank 0's metrics."""
+    result = trainer.train()
+    trainer.save_model(job.output_dir)
+    if not trainer.is_world_process_zero():
+        return {}
+    tokenizer.save_pretrained(job.output_dir)
+    return {"train_loss": result.training_loss, "rows": rows, **result.metrics}

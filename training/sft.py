@@ -16,7 +16,13 @@ from trl import SFTConfig, SFTTrainer
 from flywheel.chat import ChatTokenizer
 from flywheel.records import Trajectory
 from training.datasets import sft_rows
-from training.job import TrainingJob, parse_job, report_metrics, trainer_defaults
+from training.job import (
+    TrainingJob,
+    parse_job,
+    report_metrics,
+    train_and_save,
+    trainer_defaults,
+)
 
 
 def train(job: TrainingJob) -> dict:
@@ -35,12 +41,7 @@ def train(job: TrainingJob) -> dict:
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
     )
-    result = trainer.train()
-    trainer.save_model(job.output_dir)
-    if not trainer.is_world_process_zero():
-        return {}
-    tokenizer.save_pretrained(job.output_dir)
-    return {"train_loss": result.training_loss, "rows": len(rows), **result.metrics}
+    return train_and_save(trainer, tokenizer, job, len(rows))
 
 
 def main(argv: list[str] | None = None) -> None:
