@@ -23,3 +23,44 @@ def test_unwritable_store_is_named(tmp_path):
     blocker.write_text("x")
     with pytest.raises(OSError, match="storage_url"):
         ArtifactStore(str(blocker / "runs")).check_writable()
+
+
+@pytest.fixture
+def s3_store(tmp_path, monkeypatch):
+    """A real S3 endpoint on loopback (moto's server) and a bucket in it."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "FLYWHEEL_CACHE": str(tmp_path / "cache"),
+    }.items():
+        monkeypatch.setenv(key, value)
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="flywheel")
+    yield ArtifactStore("s3://flywheel/runs")
+    server.stop()
+
+
+def test_s3_round_trip_of_records_manifests_and_model_folders(s3_store, tmp_path):
+    s3_store.check_writable()
+    stage = s3_store.url("run", "sft")
+    s3_store.write_records(f"{stage}/data.jsonl", [Message(role="user", content="hi")])
+    model = tmp_path / "model"
+    (model / "sub").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "sub" / "weights.bin").write_bytes(b"\x00\x01")
+    s3_store.upload_dir(model, f"{stage}/model")
+    assert s3_store.manifest(stage) is None
+    s3_store.publish(Manifest(stage="sft", url=stage, files={"model": f"{stage}/model"}))
+    assert s3_store.manifest(stage).files["model"] == "s3://flywheel/runs/run/sft/model"
+    local = s3_store.local_dir(f"{stage}/model")
+    assert (local / "config.json").read_text() == "{}"
+    assert (local / "sub" / "weights.bin").read_bytes() == b"\x00\x01"
+    assert s3_store.local_file(f"{stage}/data.jsonl").read_text().startswith('{"role":"user"')
