@@ -2,34 +2,35 @@
 
 from __future__ import annotations
 
-import tempfile
+import shutil
 from pathlib import Path
 
 from prefect import task
 
 from flywheel.model import convert_base_model, make_tiny_model
 from flywheel.records import Manifest
+from flywheel.settings import BUILTIN_MODELS
 from flywheel.stage import STAGE_CACHE, store_for
 from flywheel.storage import ArtifactStore
 
 
 def prepare_model(store: ArtifactStore, base: str) -> Manifest:
     """`smollm2-135m` and `tiny` are built under `<store>/models/`; a folder is used as it is."""
-    out_url = store.url("models", base if base in ("smollm2-135m", "tiny") else Path(base).name)
+    out_url = store.url("models", base if base in BUILTIN_MODELS else Path(base).name)
     if (done := store.manifest(out_url)) is not None:
         return done
-    if base not in ("smollm2-135m", "tiny"):
+    if base not in BUILTIN_MODELS:
         model_url = "file://" + base
     else:
-        work = store.local_dir(f"{out_url}/model") if store.is_local else Path(tempfile.mkdtemp())
-        base_dir = convert_base_model(store.cache_dir / "models" / "smollm2-135m")
+        # Converted once per machine (cache), then copied into this store.
+        source = convert_base_model(store.cache_dir / "models" / "smollm2-135m")
         if base == "tiny":
-            make_tiny_model(work, base_dir)
-        elif work != base_dir:
-            convert_base_model(work)
-        if not store.is_local:
-            store.upload_dir(work, f"{out_url}/model")
+            source = make_tiny_model(store.cache_dir / "models" / "tiny", source)
         model_url = f"{out_url}/model"
+        if store.is_local:
+            shutil.copytree(source, store.local_dir(model_url), dirs_exist_ok=True)
+        else:
+            store.upload_dir(source, model_url)
     return store.publish(Manifest(stage="prepare-model", url=out_url, files={"model": model_url}))
 
 
