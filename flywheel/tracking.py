@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import mlflow
 from mlflow.tracking import MlflowClient
 
 
@@ -20,7 +19,11 @@ class Tracker:
         self.client = MlflowClient(tracking_uri=tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
         self.experiment_id = (
-            found.experiment_id if found else self.client.create_experiment(experiment)
+            found.experiment_id
+            if found
+            else self.client.create_experiment(
+                experiment, artifact_location=_artifact_root(tracking_uri)
+            )
         )
 
     def start(self, name: str, parent_id: str | None = None, tags: dict | None = None) -> str:
@@ -62,5 +65,9 @@ class Tracker:
         return {"MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_RUN_ID": run_id}
 
 
-def configure(tracking_uri: str) -> None:
-    mlflow.set_tracking_uri(tracking_uri)
+def _artifact_root(tracking_uri: str) -> str | None:
+    """Keep a sqlite store's artifacts next to its database, not in the working directory."""
+    if tracking_uri.startswith("sqlite:///"):
+        database = Path(tracking_uri.removeprefix("sqlite:///")).resolve()
+        return (database.parent / "mlartifacts").as_uri()
+    return None  # the server's or store's own default
