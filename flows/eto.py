@@ -16,7 +16,7 @@ from prefect.runtime import flow_run
 
 from envs import make_env
 from flywheel.records import Manifest
-from flywheel.rollout import agent_prefix, few_shot_examples, select_tasks
+from flywheel.rollout import agent_prefix, few_shot_examples, select_tasks, within_expert_steps
 from flywheel.runner import make_task_runner, preflight, start_tracking
 from flywheel.settings import ConfigError, ETOConfig, load_config, validate_config
 from tasks.build_pairs import build_pairs_stage
@@ -42,8 +42,14 @@ def eto(
     run = store.url(cfg.run_name)
     tracking = start_tracking(cfg, flow_run.get_id())
     env = make_env(cfg.env.name)
-    train_ids = select_tasks(env.task_ids("train"), cfg.env.train_tasks, cfg.seed)
-    test_ids = select_tasks(env.task_ids("test"), cfg.env.test_tasks, cfg.seed)
+    train_ids, test_ids = (
+        select_tasks(
+            within_expert_steps(env, env.task_ids(split), cfg.env.max_expert_steps),
+            limit,
+            cfg.seed,
+        )
+        for split, limit in [("train", cfg.env.train_tasks), ("test", cfg.env.test_tasks)]
+    )
     prefix = agent_prefix(env, few_shot_examples(env, cfg.env.few_shot))
 
     def evaluate(label: str, model: Manifest) -> tuple[str, Manifest]:

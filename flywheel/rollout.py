@@ -100,7 +100,9 @@ def run_batched(
         live.append(_Live(episode, prefix + [first], prefix_ids + chat.message_ids(first)[0]))
     finished: list[_Live] = []
     bar = tqdm(total=len(live), desc=f"{env.name} episodes", unit="ep", disable=not progress)
+    step = 0
     while live:
+        step += 1
         prompts = [state.ids + chat.header_ids for state in live]
         generations = backend.generate(prompts, settings.sampling)
         still_live = []
@@ -113,7 +115,7 @@ def run_batched(
             else:
                 still_live.append(state)
         live = still_live
-        bar.set_postfix(live=len(live))
+        bar.set_postfix(step=step, live=len(live))
     bar.close()
     position = {task_id: i for i, task_id in enumerate(task_ids)}
     finished.sort(key=lambda s: position[s.episode.task_id])
@@ -172,6 +174,13 @@ def _to_trajectory(env: Environment, state: _Live, episode_start: int) -> Trajec
         source="policy",
         finish_reason=state.finish_reason,
     )
+
+
+def within_expert_steps(env: Environment, task_ids: list[str], limit: int | None) -> list[str]:
+    """The tasks the environment's expert solves in at most `limit` steps (all when None)."""
+    if limit is None:
+        return list(task_ids)
+    return [t for t in task_ids if len(env.expert_plan(t) or ()) in range(1, limit + 1)]
 
 
 def select_tasks(task_ids: list[str], limit: int | None, seed: int) -> list[str]:

@@ -48,6 +48,9 @@ class EnvSettings(Strict):
     name: str = "textcraft"
     train_tasks: int | None = Field(default=None, ge=1)
     test_tasks: int | None = Field(default=None, ge=1)
+    # Only tasks the expert solves in at most this many steps (None = all): an easier curriculum
+    # for small models and small budgets. Applies to train and test tasks alike.
+    max_expert_steps: int | None = Field(default=None, ge=1)
     # Episode step limit. TextCraft's expert needs median 6, p95 17, max 48 steps.
     max_steps: int = Field(default=24, ge=1)
     # Worked examples (expert episodes on train tasks) shown as earlier chat turns.
@@ -85,6 +88,9 @@ class SFTSettings(Strict):
     batch_size: int = Field(default=4, ge=1)
     max_length: int = Field(default=2048, ge=64)
     num_processes: int = Field(default=1, ge=1)  # >1 launches through `accelerate launch`
+    # Bottom transformer layers kept frozen (with the embeddings); backward stops above them,
+    # which makes a step much cheaper on a CPU. 0 trains everything.
+    frozen_layers: int = Field(default=0, ge=0)
     trl_args: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -99,6 +105,7 @@ class DPOSettings(Strict):
     # ETO keeps a failed exploration up to the expert's length plus this many turns.
     rejected_extra_turns: int = Field(default=5, ge=0)
     num_processes: int = Field(default=1, ge=1)
+    frozen_layers: int = Field(default=0, ge=0)  # as in SFTSettings
     trl_args: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -34,5 +34,5 @@ def dpo_stage(
 ) -> Manifest:
     return trainer_stage(
         "dpo", "training.dpo", store_for(store_url), label, model_url, pairs_url, out_url,
-        settings.max_length, dpo_trl_args(settings, seed), settings.num_processes, tracking,
+        settings, dpo_trl_args(settings, seed), tracking,
     )  # fmt: skip

@@ -35,5 +35,5 @@ def sft_stage(
 ) -> Manifest:
     return trainer_stage(
         "sft", "training.sft", store_for(store_url), label, model_url, data_url, out_url,
-        settings.max_length, sft_trl_args(settings, seed), settings.num_processes, tracking,
+        settings, sft_trl_args(settings, seed), tracking,
     )  # fmt: skip

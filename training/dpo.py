@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from trl import DPOConfig, DPOTrainer
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
@@ -22,6 +22,7 @@ from flywheel.records import Pair
 from training.datasets import dpo_rows
 from training.job import (
     TrainingJob,
+    load_model,
     parse_job,
     report_metrics,
     train_and_save,
@@ -67,7 +68,7 @@ def train(job: TrainingJob) -> dict:
     if not rows:
         raise ValueError(f"{job.data_file}: no pair fits in max_length={job.max_length}")
     config = DPOConfig(max_length=job.max_length, **trainer_defaults(job))
-    model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype="float32")
+    model = load_model(job)
     collator = MaskedPreferenceCollator(
         pad_token_id=tokenizer.pad_token_id,
         max_length=config.max_length,

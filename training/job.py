@@ -19,6 +19,8 @@ class TrainingJob:
     data_file: str  # JSON lines of Trajectory (SFT) or Pair (DPO) records
     output_dir: str  # where the trained model folder is written
     max_length: int = 2048  # tokens per sequence
+    # Bottom transformer layers (and the embeddings) kept frozen: backward stops above them.
+    frozen_layers: int = 0
     trl_args: dict = field(default_factory=dict)  # passed through to trl's SFTConfig / DPOConfig
 
     def save(self, path: Path) -> Path:
@@ -62,6 +64,21 @@ def trainer_defaults(job: TrainingJob) -> dict:
         "per_device_train_batch_size": 1,
         **job.trl_args,
     }
+
+
+def load_model(job: TrainingJob):
+    """The model to train, float32, with `job.frozen_layers` bottom layers frozen."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype="float32")
+    if job.frozen_layers:
+        layers = model.base_model.layers
+        if job.frozen_layers > len(layers):
+            raise ValueError(f"frozen_layers={job.frozen_layers} but the model has {len(layers)}")
+        model.get_input_embeddings().requires_grad_(False)  # tied to the output layer in SmolLM2
+        for layer in layers[: job.frozen_layers]:
+            layer.requires_grad_(False)
+    return model
 
 
 def report_metrics(metrics: dict) -> None:

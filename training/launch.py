@@ -56,12 +56,13 @@ def train_to_store(
     model_url: str,
     data_url: str,
     out_url: str,
-    max_length: int,
+    settings,
     trl_args: dict,
-    num_processes: int = 1,
     extra_env: dict[str, str] | None = None,
 ) -> dict:
     """Train `model_url` on `data_url` with `module`, put the model folder at `out_url/model`.
+
+    `settings` is the stage's `SFTSettings` / `DPOSettings` (length, processes, frozen layers).
 
     Returns the metrics the trainer printed last. The model is written next to the store's
     files on a local store, and uploaded from a scratch folder otherwise.
@@ -80,13 +81,14 @@ def train_to_store(
         model_dir=str(store.local_dir(model_url)),
         data_file=str(store.local_file(data_url)),
         output_dir=str(output),
-        max_length=max_length,
+        max_length=settings.max_length,
+        frozen_layers=settings.frozen_layers,
         trl_args={**trl_args, "output_dir": str(scratch / "work")},
     )
     metrics_file = scratch / "metrics.json"
     env = {**(extra_env or {}), "FLYWHEEL_METRICS_FILE": str(metrics_file)}
     log_file = scratch / "train.log"
-    launch(module, job.save(scratch / "job.json"), log_file, num_processes, extra_env=env)
+    launch(module, job.save(scratch / "job.json"), log_file, settings.num_processes, extra_env=env)
     if not store.is_local:
         store.upload_dir(output, f"{out_url}/model")
     store.write_text(f"{out_url}/train.log", log_file.read_text())
@@ -101,9 +103,8 @@ def trainer_stage(
     model_url: str,
     data_url: str,
     out_url: str,
-    max_length: int,
+    settings,
     trl_args: dict,
-    num_processes: int,
     tracking=None,
 ):
     """A whole training stage: skip if published, train under the stage's MLflow run, publish."""
@@ -115,9 +116,7 @@ def trainer_stage(
     if tracking:
         tracker, run_id = tracking.stage_run(f"{stage}/{label}")
         env = tracker.subprocess_env(run_id)
-    metrics = train_to_store(
-        store, module, model_url, data_url, out_url, max_length, trl_args, num_processes, env
-    )
+    metrics = train_to_store(store, module, model_url, data_url, out_url, settings, trl_args, env)
     if run_id:
         tracker.finish(run_id)
     return store.publish(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
 from flywheel.chat import ChatTokenizer
@@ -18,6 +18,7 @@ from flywheel.records import Trajectory
 from training.datasets import sft_rows
 from training.job import (
     TrainingJob,
+    load_model,
     parse_job,
     report_metrics,
     train_and_save,
@@ -34,7 +35,7 @@ def train(job: TrainingJob) -> dict:
     if not rows:
         raise ValueError(f"{job.data_file}: no trajectory has tokens to learn from")
     config = SFTConfig(max_length=job.max_length, **trainer_defaults(job))
-    model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype="float32")
+    model = load_model(job)
     trainer = SFTTrainer(
         model=model,
         args=config,
