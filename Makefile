@@ -2,6 +2,7 @@
 # `make test`. Both install what they need into .venv first (scripts/install.sh, idempotent).
 PY := .venv/bin/python
 export PREFECT_HOME ?= $(CURDIR)/.prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 

@@ -16,7 +16,7 @@ from prefect.runtime import flow_run
 
 from envs import make_env
 from flywheel.records import Manifest
-from flywheel.rollout import agent_prefix, few_shot_examples, select_tasks, within_expert_steps
+from flywheel.rollout import agent_prefix, few_shot_examples, task_list
 from flywheel.runner import make_task_runner, preflight, start_tracking
 from flywheel.settings import ConfigError, ETOConfig, load_config, validate_config
 from tasks.build_pairs import build_pairs_stage
@@ -39,17 +39,21 @@ def eto(
     else:
         cfg = load_config(ETOConfig, config_file, overrides or [])
     store = preflight(cfg)
-    run = store.url(cfg.run_name)
     tracking = start_tracking(cfg, flow_run.get_id())
+    try:
+        rows = run_rounds(cfg, store, tracking)
+    except BaseException:
+        tracking.tracker().finish(tracking.parent_run_id, "FAILED")
+        raise
+    tracking.tracker().finish(tracking.parent_run_id)
+    return rows
+
+
+def run_rounds(cfg: ETOConfig, store, tracking) -> list[dict]:
+    run = store.url(cfg.run_name)
     env = make_env(cfg.env.name)
-    train_ids, test_ids = (
-        select_tasks(
-            within_expert_steps(env, env.task_ids(split), cfg.env.max_expert_steps),
-            limit,
-            cfg.seed,
-        )
-        for split, limit in [("train", cfg.env.train_tasks), ("test", cfg.env.test_tasks)]
-    )
+    train_ids = task_list(env, "train", cfg.env, cfg.seed)
+    test_ids = task_list(env, "test", cfg.env, cfg.seed)
     prefix = agent_prefix(env, few_shot_examples(env, cfg.env.few_shot))
 
     def evaluate(label: str, model: Manifest) -> tuple[str, Manifest]:
@@ -94,8 +98,6 @@ def eto(
         evaluations.append(evaluate(f"eto-round-{round_no}", policy))
     table = report_stage(store.root, run, f"ETO on {env.name}", evaluations, notes, tracking)
     print(table)
-    if tracking:
-        tracking.tracker().finish(tracking.parent_run_id)
     return [dict(stage=label, **m.metrics) for label, m in evaluations]
 
 

@@ -191,6 +191,13 @@ def select_tasks(task_ids: list[str], limit: int | None, seed: int) -> list[str]
     return [t for t in task_ids if t in chosen]
 
 
+def task_list(env: Environment, split, env_settings, seed: int) -> list[str]:
+    """The split's tasks a run uses: within `max_expert_steps`, then a seeded sample."""
+    limit = env_settings.train_tasks if split == "train" else env_settings.test_tasks
+    eligible = within_expert_steps(env, env.task_ids(split), env_settings.max_expert_steps)
+    return select_tasks(eligible, limit, seed)
+
+
 def few_shot_examples(env: Environment, count: int, max_steps: int = 4) -> list[Trajectory]:
     """The first `count` train tasks whose expert needs at most `max_steps` steps, played out."""
     examples = []

@@ -51,3 +51,14 @@ def test_batched_rollout_steps_all_live_episodes_together(chat):
     # Generated ids are stored without the end token and rendered back verbatim.
     reply = win.messages[win.episode_start + 1]
     assert reply.token_ids and reply.token_ids[-1] != chat.tokenizer.eos_token_id
+
+
+def test_curriculum_filter_keeps_tasks_within_the_expert_step_limit():
+    from flywheel.rollout import within_expert_steps
+
+    env = make_env("textcraft")
+    train = env.task_ids("train")
+    easy = within_expert_steps(env, train, 4)
+    assert 0 < len(easy) < len(train)
+    assert all(len(env.expert_plan(t)) <= 4 for t in easy)
+    assert within_expert_steps(env, train, None) == train
