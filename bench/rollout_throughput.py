@@ -34,6 +34,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from flywheel.settings import InferenceSettings
+
 TARGET_SPEEDUP = 5.0
 MATMUL_SIZE = 1024
 
@@ -79,6 +81,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the task sample")
     parser.add_argument("--max-model-len", type=int, default=4096, help="vLLM context length")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=InferenceSettings().block_size,
+        help="KV-cache block size (prefix caching reuses whole blocks); Flywheel's default",
+    )
     parser.add_argument(
         "--kv-cache-gib",
         type=int,
@@ -480,7 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     sampling = SamplingSettings(temperature=0.0, max_tokens=args.max_tokens)
     settings = RolloutSettings(args.max_steps, args.max_model_len, sampling)
 
-    backend = VLLMBackend(str(model_dir), args.max_model_len, args.kv_cache_gib)
+    backend = VLLMBackend(
+        str(model_dir), args.max_model_len, args.kv_cache_gib, block_size=args.block_size
+    )
     try:
         log = RequestLog(backend.llm)
         engine_config = getattr(backend.llm.llm_engine, "vllm_config", None)

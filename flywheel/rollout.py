@@ -255,9 +255,9 @@ def rollout_to_store(
     url = store.write_records(f"{out_url}/trajectories.jsonl", trajectories)
     stats = EpisodeStats.of(trajectories)
     generated = sum(len(m.token_ids or ()) for t in trajectories for m in t.messages)
-    reasons: dict[str, int] = {}
+    reasons: dict[str, int] = {}  # how episodes ended: ended_done, ended_max_steps, ...
     for t in trajectories:
-        key = "error" if t.finish_reason.startswith("error") else t.finish_reason
+        key = "ended_" + ("error" if t.finish_reason.startswith("error") else t.finish_reason)
         reasons[key] = reasons.get(key, 0) + 1
     return store.publish(
         Manifest(
