@@ -94,3 +94,4 @@ class Manifest(BaseModel):
     counts: dict[str, int] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
+    inputs_digest: str = ""  # what the stage was computed from; see ArtifactStore.manifest

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
@@ -238,7 +238,11 @@ def rollout_to_store(
     out_url: str,
 ) -> Manifest:
     """Roll the model out on `task_ids`, store the trajectories and publish their statistics."""
-    if (done := store.manifest(out_url)) is not None:
+    inputs = {
+        "stage": stage, "model": model_url, "env": env_name, "tasks": task_ids, "prefix": prefix,
+        "inference": inference, "max_steps": max_steps, "sampling": asdict(sampling),
+    }  # fmt: skip
+    if (done := store.manifest(out_url, inputs)) is not None:
         return done
     from transformers import AutoTokenizer
 
@@ -272,5 +276,6 @@ def rollout_to_store(
                 "seconds": seconds,
                 "generated_tokens_per_s": generated / seconds if seconds else 0.0,
             },
-        )
+        ),
+        inputs,
     )

@@ -28,6 +28,18 @@ def normalise_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def inputs_digest(inputs: dict) -> str:
+    """A stable digest of a stage's inputs (records and settings included)."""
+
+    def encode(value):
+        if isinstance(value, BaseModel):
+            return value.model_dump(mode="json")
+        raise TypeError(f"cannot digest {type(value).__name__}")
+
+    text = json.dumps(inputs, sort_keys=True, default=encode)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class ArtifactStore:
     def __init__(self, root_url: str, cache_dir: str | None = None):
         self.root = normalise_url(root_url)
@@ -91,15 +103,25 @@ class ArtifactStore:
 
     # Stages -------------------------------------------------------------------------------
 
-    def manifest(self, stage_url: str) -> Manifest | None:
-        """The finished stage's manifest, or None if the stage has not finished."""
+    def manifest(self, stage_url: str, inputs: dict | None = None) -> Manifest | None:
+        """The finished stage's manifest, or None if the stage has not finished.
+
+        With `inputs`, a manifest published for other inputs (a changed setting, a new model) is
+        removed and None returned, so the stage is redone rather than silently reused.
+        """
         url = f"{stage_url}/{MANIFEST}"
         if not self.exists(url):
             return None
-        return Manifest.model_validate_json(self.read_text(url))
+        found = Manifest.model_validate_json(self.read_text(url))
+        if inputs is not None and found.inputs_digest != inputs_digest(inputs):
+            self.fs.rm(self._path(url))
+            return None
+        return found
 
-    def publish(self, manifest: Manifest) -> Manifest:
+    def publish(self, manifest: Manifest, inputs: dict | None = None) -> Manifest:
         """Mark a stage finished: called after every file of the stage is written."""
+        if inputs is not None:
+            manifest = manifest.model_copy(update={"inputs_digest": inputs_digest(inputs)})
         self.write_text(f"{manifest.url}/{MANIFEST}", manifest.model_dump_json(indent=2))
         return manifest
 

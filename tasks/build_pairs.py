@@ -77,7 +77,8 @@ def build_pairs_stage(
     store_url: str, explored_urls: list[str], expert_url: str, out_url: str, extra_turns: int
 ) -> Manifest:
     store = ArtifactStore(store_url)
-    if (done := store.manifest(out_url)) is not None:
+    inputs = {"explored": explored_urls, "expert": expert_url, "extra_turns": extra_turns}
+    if (done := store.manifest(out_url, inputs)) is not None:
         return done
     explored = [t for url in explored_urls for t in store.read_records(url, Trajectory)]
     expert = store.read_records(expert_url, Trajectory)
@@ -89,5 +90,6 @@ def build_pairs_stage(
             url=out_url,
             files={"pairs": pairs_url},
             counts={"pairs": len(pairs), **vars(report)},
-        )
+        ),
+        inputs,
     )

@@ -37,7 +37,8 @@ def expert_data_stage(
     expert_file: str | None = None,
 ) -> Manifest:
     store = store_for(store_url)
-    if (done := store.manifest(out_url)) is not None:
+    inputs = {"env": env_name, "tasks": task_ids, "prefix": prefix, "expert_file": expert_file}
+    if (done := store.manifest(out_url, inputs)) is not None:
         return done
     if expert_file:
         trajectories = read_eto_sft(store.read_json(expert_file), env_name, prefix)
@@ -55,5 +56,6 @@ def expert_data_stage(
             files={"trajectories": url, "eto_sft": eto_url},
             counts={"trajectories": len(trajectories), "unsolved": len(unsolved)},
             notes=[f"no expert trajectory for: {', '.join(unsolved)}"] if unsolved else [],
-        )
+        ),
+        inputs,
     )

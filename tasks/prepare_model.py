@@ -17,7 +17,7 @@ from flywheel.storage import ArtifactStore
 def prepare_model(store: ArtifactStore, base: str) -> Manifest:
     """`smollm2-135m` and `tiny` are built under `<store>/models/`; a folder is used as it is."""
     out_url = store.url("models", base if base in BUILTIN_MODELS else Path(base).name)
-    if (done := store.manifest(out_url)) is not None:
+    if (done := store.manifest(out_url, {"base": base})) is not None:
         return done
     if base not in BUILTIN_MODELS:
         model_url = "file://" + base
@@ -31,7 +31,8 @@ def prepare_model(store: ArtifactStore, base: str) -> Manifest:
             shutil.copytree(source, store.local_dir(model_url), dirs_exist_ok=True)
         else:
             store.upload_dir(source, model_url)
-    return store.publish(Manifest(stage="prepare-model", url=out_url, files={"model": model_url}))
+    manifest = Manifest(stage="prepare-model", url=out_url, files={"model": model_url})
+    return store.publish(manifest, {"base": base})
 
 
 @task(name="prepare-model", cache_policy=STAGE_CACHE, persist_result=True)

@@ -64,3 +64,15 @@ def test_s3_round_trip_of_records_manifests_and_model_folders(s3_store, tmp_path
     assert (local / "config.json").read_text() == "{}"
     assert (local / "sub" / "weights.bin").read_bytes() == b"\x00\x01"
     assert s3_store.local_file(f"{stage}/data.jsonl").read_text().startswith('{"role":"user"')
+
+
+def test_a_stage_published_for_other_inputs_is_redone_not_reused(tmp_path):
+    store = ArtifactStore(str(tmp_path))
+    stage = store.url("run", "sft")
+    old = {"settings": Message(role="user", content="epochs=2"), "model": "m"}
+    store.publish(Manifest(stage="sft", url=stage), old)
+    assert store.manifest(stage, old) is not None
+    changed = {**old, "settings": Message(role="user", content="epochs=3")}
+    assert store.manifest(stage, changed) is None
+    # The stale manifest is gone: a crash while redoing the stage cannot revive it.
+    assert store.manifest(stage, old) is None

@@ -110,7 +110,11 @@ def trainer_stage(
     """A whole training stage: skip if published, train under the stage's MLflow run, publish."""
     from flywheel.records import Manifest
 
-    if (done := store.manifest(out_url)) is not None:
+    inputs = {
+        "module": module, "model": model_url, "data": data_url, "settings": settings,
+        "trl_args": trl_args,
+    }  # fmt: skip
+    if (done := store.manifest(out_url, inputs)) is not None:
         return done
     env, run_id = {}, None
     if tracking:
@@ -125,5 +129,6 @@ def trainer_stage(
             url=out_url,
             files={"model": f"{out_url}/model", "log": f"{out_url}/train.log"},
             metrics={k: float(v) for k, v in metrics.items() if isinstance(v, int | float)},
-        )
+        ),
+        inputs,
     )
