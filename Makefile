@@ -21,4 +21,4 @@ lint: install
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .
 
 bench: install
-	$(PY) bench/rollout_throughput.py
+	$(PY) bench/rollout_throughput.py --episodes 32 --max-steps 3 --max-tokens 48
