@@ -1,4 +1,5 @@
-"""Start a trainer entry point in its own process: plain Python, or `accelerate launch` for N>1.
+"""Start a trainer entry point in its own process: plain Python, or N processes (`accelerate
+launch` on GPUs, torchrun with gloo on a CPU).
 
 Output goes to a log file next to the job (and to this process's stdout, so it shows in Prefect's
 logs); a failure raises with the log's tail so the failed stage says why.
@@ -19,6 +20,15 @@ def command(
 ) -> list[str]:
     if num_processes <= 1:
         return [sys.executable, "-m", module, "--config", str(job_file)]
+    import torch
+
+    if not torch.cuda.is_available() and accelerate_config is None:
+        # accelerate's CPU launcher starts a single process unless MPI is set up; torchrun starts
+        # N processes that the Trainer joins with gloo.
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(num_processes),
+            "-m", module, "--config", str(job_file),
+        ]  # fmt: skip
     config = accelerate_config or str(ACCELERATE_CONFIGS / "ddp.yaml")
     return [
         sys.executable, "-m", "accelerate.commands.launch",
