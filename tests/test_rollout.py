@@ -62,3 +62,12 @@ def test_curriculum_filter_keeps_tasks_within_the_expert_step_limit():
     assert 0 < len(easy) < len(train)
     assert all(len(env.expert_plan(t)) <= 4 for t in easy)
     assert within_expert_steps(env, train, None) == train
+
+
+def test_shards_are_balanced_non_empty_and_cover_every_sample():
+    from tasks.explore import shard
+
+    parts = shard(["a", "b", "c"], shards=2, samples_per_task=2)
+    assert sorted(t for p in parts for t in p) == ["a", "a", "b", "b", "c", "c"]
+    assert [len(p) for p in parts] == [3, 3]
+    assert shard(["a"], shards=4, samples_per_task=1) == [["a"]]
