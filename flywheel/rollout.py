@@ -213,12 +213,9 @@ def few_shot_examples(env: Environment, count: int, max_steps: int = 4) -> list[
     return examples
 
 
-def open_backend(inference, model_dir: str) -> InferenceBackend:
+def open_backend(inference, model_dir: str, tokenizer) -> InferenceBackend:
     """The backend `inference` (an `InferenceSettings`) names, for the model in `model_dir`."""
     if inference.backend == "openai":
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
         return OpenAIBackend(inference.base_url, model_dir, tokenizer=tokenizer)
     return shared_vllm(
         model_dir, inference.max_model_len, inference.kv_cache_gib, inference.block_size
@@ -251,7 +248,7 @@ def rollout_to_store(
     model_dir = str(store.local_dir(model_url))
     chat = ChatTokenizer(AutoTokenizer.from_pretrained(model_dir))
     settings = RolloutSettings(max_steps, inference.max_model_len, sampling)
-    backend = open_backend(inference, model_dir)
+    backend = open_backend(inference, model_dir, chat.tokenizer)
     env = make_env(env_name)
     started = time.perf_counter()
     trajectories = run_batched(env, task_ids, backend, chat, prefix, settings)
