@@ -85,24 +85,29 @@ def train_to_store(
 
     release_vllm()  # the trainer needs the memory the engine's KV cache holds
 
-    scratch = Path(tempfile.mkdtemp(prefix="flywheel-train-"))
-    output = store.local_dir(f"{out_url}/model") if store.is_local else scratch / "model"
-    job = TrainingJob(
-        model_dir=str(store.local_dir(model_url)),
-        data_file=str(store.local_file(data_url)),
-        output_dir=str(output),
-        max_length=settings.max_length,
-        frozen_layers=settings.frozen_layers,
-        trl_args={**trl_args, "output_dir": str(scratch / "work")},
-    )
-    metrics_file = scratch / "metrics.json"
-    env = {**(extra_env or {}), "FLYWHEEL_METRICS_FILE": str(metrics_file)}
-    log_file = scratch / "train.log"
-    launch(module, job.save(scratch / "job.json"), log_file, settings.num_processes, extra_env=env)
-    if not store.is_local:
-        store.upload_dir(output, f"{out_url}/model")
-    store.write_text(f"{out_url}/train.log", log_file.read_text())
-    return json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
+    with tempfile.TemporaryDirectory(prefix="flywheel-train-") as folder:
+        scratch = Path(folder)  # job file, log, trl's work folder; removed when done
+        output = store.local_dir(f"{out_url}/model") if store.is_local else scratch / "model"
+        job = TrainingJob(
+            model_dir=str(store.local_dir(model_url)),
+            data_file=str(store.local_file(data_url)),
+            output_dir=str(output),
+            max_length=settings.max_length,
+            frozen_layers=settings.frozen_layers,
+            trl_args={**trl_args, "output_dir": str(scratch / "work")},
+        )
+        metrics_file = scratch / "metrics.json"
+        env = {**(extra_env or {}), "FLYWHEEL_METRICS_FILE": str(metrics_file)}
+        log_file = scratch / "train.log"
+        try:
+            job_file = job.save(scratch / "job.json")
+            launch(module, job_file, log_file, settings.num_processes, extra_env=env)
+        finally:  # the log of a failed training is kept too
+            if log_file.exists():
+                store.write_text(f"{out_url}/train.log", log_file.read_text())
+        if not store.is_local:
+            store.upload_dir(output, f"{out_url}/model")
+        return json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
 
 
 def trainer_stage(
@@ -130,7 +135,14 @@ def trainer_stage(
     if tracking:
         tracker, run_id = tracking.stage_run(f"{stage}/{label}")
         env = tracker.subprocess_env(run_id)
-    metrics = train_to_store(store, module, model_url, data_url, out_url, settings, trl_args, env)
+    try:
+        metrics = train_to_store(
+            store, module, model_url, data_url, out_url, settings, trl_args, env
+        )
+    except BaseException:
+        if run_id:
+            tracker.finish(run_id, "FAILED")
+        raise
     if run_id:
         tracker.finish(run_id)
     return store.publish(
