@@ -14,6 +14,11 @@ from typing import Any, Literal
 Split = Literal["train", "test"]
 
 
+class EnvironmentUnavailable(ConnectionError):
+    """The environment could not be reached (its server is down or hangs): the episode was lost,
+    which says nothing about the agent, so it must not count as the agent's failure."""
+
+
 @dataclass(frozen=True)
 class StepResult:
     observation: str
@@ -46,12 +51,19 @@ class Environment(ABC):
     """A family of tasks. `reward_range` maps raw rewards onto [0, 1] for shared thresholds."""
 
     name: str
+    # Episodes whose `start` and `step` may run in this many threads at once (remote servers,
+    # environments in other processes); 1 = call them one at a time.
+    step_workers: int = 1
     reward_range: tuple[float, float] = (0.0, 1.0)
     # What the agent is told once, as the system message: the task family and its actions.
     system_prompt: str = "Solve the task. Reply with 'Thought: ...' then 'Action: ...'."
     # An action that changes nothing. Agent-R's revision turn takes it, so a revised trajectory
     # is still a sequence of steps the environment really answered.
     noop_action: str = "wait"
+
+    def check(self) -> None:  # noqa: B027 - optional hook
+        """Raise ValueError saying what to fix when the environment cannot run (a server down,
+        an unknown task name); called before any expensive work."""
 
     @abstractmethod
     def task_ids(self, split: Split) -> list[str]:

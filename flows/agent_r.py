@@ -48,14 +48,14 @@ def agent_r(
 
 def run_rounds(cfg: AgentRConfig, store, tracking) -> list[dict]:
     run = store.url(cfg.run_name)
-    env = make_env(cfg.env.name)
+    env = make_env(cfg.env)
     train_ids = task_list(env, "train", cfg.env, cfg.seed)
     test_ids = task_list(env, "test", cfg.env, cfg.seed)
     prefix = agent_prefix(env, [])  # trained models are prompted as they were trained
 
     def evaluate(label: str, model: Manifest) -> tuple[str, Manifest]:
         result = evaluate_stage(
-            store.root, label, model.files["model"], env.name, test_ids, prefix,
+            store.root, label, model.files["model"], cfg.env, test_ids, prefix,
             cfg.inference, cfg.env.max_steps, f"{run}/evaluate/{label}", tracking,
         )  # fmt: skip
         return label, result
@@ -67,7 +67,7 @@ def run_rounds(cfg: AgentRConfig, store, tracking) -> list[dict]:
         )  # fmt: skip
 
     base = prepare_model_stage(store.root, cfg.model.base, model_stage_url(store, cfg.model.base))
-    expert = expert_data_stage(store.root, env.name, train_ids, prefix, f"{run}/expert")
+    expert = expert_data_stage(store.root, cfg.env, train_ids, prefix, f"{run}/expert")
     start = sft_stage(
         store.root, "expert", base.files["model"], expert.files["trajectories"], cfg.sft,
         cfg.seed, f"{run}/sft", tracking,
@@ -77,7 +77,7 @@ def run_rounds(cfg: AgentRConfig, store, tracking) -> list[dict]:
     for round_no in range(1, cfg.rounds + 1):
         round_url = f"{run}/round-{round_no}"
         trees = mcts_stage(
-            store.root, policy.files["model"], env.name, train_ids, prefix, cfg.inference,
+            store.root, policy.files["model"], cfg.env, train_ids, prefix, cfg.inference,
             cfg.mcts, cfg.seed + round_no, f"{round_url}/mcts",
         )  # fmt: skip
         paths = select_paths_stage(
@@ -86,11 +86,11 @@ def run_rounds(cfg: AgentRConfig, store, tracking) -> list[dict]:
             f"{round_url}/paths",
         )  # fmt: skip
         critiques = critique_stage(
-            store.root, policy.files["model"], env.name, trees.files["trees"],
+            store.root, policy.files["model"], cfg.env, trees.files["trees"],
             paths.files["pairs"], cfg.inference, cfg.critique, f"{round_url}/critique",
         )  # fmt: skip
         revisions = splice_stage(
-            store.root, env.name, trees.files["trees"], paths, critiques.files["critiques"],
+            store.root, cfg.env, trees.files["trees"], paths, critiques.files["critiques"],
             prefix, "revision", cfg.paths.include_good_paths, cfg.seed, f"{round_url}/revisions",
         )  # fmt: skip
         for stage, manifest in [("mcts", trees), ("paths", paths), ("critique", critiques)]:
@@ -108,7 +108,7 @@ def run_rounds(cfg: AgentRConfig, store, tracking) -> list[dict]:
         trees, paths = first_round
         for mode, label in [("direct", "direct-revision"), ("good", "good-paths-only")]:
             data = splice_stage(
-                store.root, env.name, trees.files["trees"], paths, None, prefix, mode,
+                store.root, cfg.env, trees.files["trees"], paths, None, prefix, mode,
                 cfg.paths.include_good_paths, cfg.seed, f"{run}/baselines/{label}/data",
             )  # fmt: skip
             if data.counts["trajectories"] == 0:

@@ -41,7 +41,7 @@ def eto(
 
 def run_rounds(cfg: ETOConfig, store, tracking) -> list[dict]:
     run = store.url(cfg.run_name)
-    env = make_env(cfg.env.name)
+    env = make_env(cfg.env)
     train_ids = task_list(env, "train", cfg.env, cfg.seed)
     test_ids = task_list(env, "test", cfg.env, cfg.seed)
     # Worked examples help the untrained model only; trained models are prompted as they were
@@ -51,13 +51,13 @@ def run_rounds(cfg: ETOConfig, store, tracking) -> list[dict]:
 
     def evaluate(label: str, model: Manifest, prefix=prefix) -> tuple[str, Manifest]:
         result = evaluate_stage(
-            store.root, label, model.files["model"], env.name, test_ids, prefix,
+            store.root, label, model.files["model"], cfg.env, test_ids, prefix,
             cfg.inference, cfg.env.max_steps, f"{run}/evaluate/{label}", tracking,
         )  # fmt: skip
         return label, result
 
     base = prepare_model_stage(store.root, cfg.model.base, model_stage_url(store, cfg.model.base))
-    expert = expert_data_stage(store.root, env.name, train_ids, prefix, f"{run}/expert")
+    expert = expert_data_stage(store.root, cfg.env, train_ids, prefix, f"{run}/expert")
     evaluations = [evaluate("untrained", base, untrained_prefix)]
     policy = sft_stage(
         store.root, "expert", base.files["model"], expert.files["trajectories"], cfg.sft,
@@ -69,7 +69,7 @@ def run_rounds(cfg: ETOConfig, store, tracking) -> list[dict]:
         round_url = f"{run}/round-{round_no}"
         shards = shard(train_ids, cfg.explore.shards, cfg.explore.samples_per_task)
         explored = explore_stage.map(
-            store.root, policy.files["model"], env.name, shards, unmapped(prefix),
+            store.root, policy.files["model"], cfg.env, shards, unmapped(prefix),
             unmapped(cfg.inference), unmapped(cfg.explore), cfg.env.max_steps,
             [cfg.seed + round_no * 1000 + i for i in range(len(shards))],
             [f"{round_url}/explore/shard-{i}" for i in range(len(shards))],

@@ -35,6 +35,8 @@ class Trajectory(BaseModel):
     n_steps: int = 0
     source: str = "policy"  # "expert", "policy", "revision", ...
     finish_reason: str = ""  # "done", "max_steps", "context", "error: ..."
+    # Times the episode was moved to another environment server (its own died) and replayed.
+    recoveries: int = 0
 
     @property
     def prompt(self) -> list[Message]:

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
-from envs.base import Environment, Episode
+from envs.base import Environment, EnvironmentUnavailable, Episode
 from flywheel.chat import ChatTokenizer, format_observation, format_reply, parse_reply
 from flywheel.inference import InferenceBackend, OpenAIBackend, SamplingSettings, shared_vllm
 from flywheel.records import EpisodeStats, Manifest, Message, Trajectory
+from flywheel.settings import EnvSettings
 from flywheel.storage import ArtifactStore
 
 
@@ -74,12 +77,22 @@ def expert_trajectory(env: Environment, task_id: str, prefix: list[Message]) -> 
 
 @dataclass
 class _Live:
-    episode: Episode
+    task_id: str
+    episode: Episode | None
     messages: list[Message]
-    ids: list[int]
+    ids: list[int] = field(default_factory=list)
     reward: float = 0.0
     steps: int = 0
     finish_reason: str = ""
+
+
+def _start(env: Environment, task_id: str, prefix: list[Message], prefix_ids, chat) -> _Live:
+    try:
+        episode = env.start(task_id)
+    except EnvironmentUnavailable as error:  # no server could start it: recorded, not raised
+        return _Live(task_id, None, list(prefix), finish_reason=_error_reason(error))
+    first = Message(role="user", content=episode.instruction)
+    return _Live(task_id, episode, prefix + [first], prefix_ids + chat.message_ids(first)[0])
 
 
 def run_batched(
@@ -91,35 +104,37 @@ def run_batched(
     settings: RolloutSettings,
     progress: bool = True,
 ) -> list[Trajectory]:
-    """All episodes advance together: one `generate` call per step over the unfinished ones."""
+    """All episodes advance together: one `generate` call per step over the unfinished ones.
+
+    Environments that step in parallel (`step_workers` > 1: remote servers, ScienceWorld's
+    Java processes) get their starts and steps from a thread pool. Every task yields exactly one
+    trajectory, also when its episode could not start or its server was lost ("error: ...").
+    """
     prefix_ids, _ = chat.encode(prefix)
-    live = []
-    for task_id in task_ids:
-        episode = env.start(task_id)
-        first = Message(role="user", content=episode.instruction)
-        live.append(_Live(episode, prefix + [first], prefix_ids + chat.message_ids(first)[0]))
-    finished: list[_Live] = []
-    bar = tqdm(total=len(live), desc=f"{env.name} episodes", unit="ep", disable=not progress)
-    step = 0
-    while live:
-        step += 1
-        prompts = [state.ids + chat.header_ids for state in live]
-        generations = backend.generate(prompts, settings.sampling)
-        still_live = []
-        for state, generation in zip(live, generations, strict=True):
-            _advance(env, chat, state, generation.text, generation.token_ids, settings)
-            if state.finish_reason:
-                state.episode.close()
-                finished.append(state)
-                bar.update(1)
-            else:
-                still_live.append(state)
-        live = still_live
-        bar.set_postfix(step=step, live=len(live))
-    bar.close()
-    position = {task_id: i for i, task_id in enumerate(task_ids)}
-    finished.sort(key=lambda s: position[s.episode.task_id])
-    return [_to_trajectory(env, s, len(prefix)) for s in finished]
+    workers = getattr(env, "step_workers", 1)
+    with ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
+        each = pool.map if pool else map
+        states = list(each(lambda t: _start(env, t, prefix, prefix_ids, chat), task_ids))
+        live = [s for s in states if not s.finish_reason]
+        bar = tqdm(total=len(states), desc=f"{env.name} episodes", unit="ep", disable=not progress)
+        bar.update(len(states) - len(live))
+        step = 0
+        while live:
+            step += 1
+            prompts = [state.ids + chat.header_ids for state in live]
+            generations = backend.generate(prompts, settings.sampling)
+            list(each(
+                lambda pair: _advance(chat, pair[0], pair[1].text, pair[1].token_ids, settings),
+                zip(live, generations, strict=True),
+            ))  # fmt: skip
+            for state in live:
+                if state.finish_reason:
+                    state.episode.close()
+                    bar.update(1)
+            live = [state for state in live if not state.finish_reason]
+            bar.set_postfix(step=step, live=len(live))
+        bar.close()
+    return [_to_trajectory(env, s, len(prefix)) for s in states]
 
 
 def run_sequential(env, task_ids, backend, chat, prefix, settings) -> list[Trajectory]:
@@ -130,7 +145,7 @@ def run_sequential(env, task_ids, backend, chat, prefix, settings) -> list[Traje
     return out
 
 
-def _advance(env, chat, state: _Live, text: str, token_ids: list[int], settings) -> None:
+def _advance(chat, state: _Live, text: str, token_ids: list[int], settings) -> None:
     reply = Message(role="assistant", content=text, loss=True, token_ids=chat.strip_end(token_ids))
     state.messages.append(reply)
     state.ids += chat.message_ids(reply)[0]
@@ -141,8 +156,8 @@ def _advance(env, chat, state: _Live, text: str, token_ids: list[int], settings)
     else:
         try:
             result = state.episode.step(parsed.action)
-        except Exception as error:  # a remote environment failed: record it, keep the others going
-            state.finish_reason = f"error: {type(error).__name__}: {error}"
+        except Exception as error:  # the environment failed: record it, keep the others going
+            state.finish_reason = _error_reason(error)
             return
         observation, done = result.observation, result.done
         state.reward += result.reward
@@ -159,12 +174,19 @@ def _advance(env, chat, state: _Live, text: str, token_ids: list[int], settings)
             state.finish_reason = "context"
 
 
+def _error_reason(error: Exception) -> str:
+    """ "lost: ..." when the environment could not be reached (the episode says nothing about the
+    policy), "error: ..." when it failed on the episode's own action."""
+    kind = "lost" if isinstance(error, EnvironmentUnavailable) else "error"
+    return f"{kind}: {type(error).__name__}: {error}"
+
+
 def _to_trajectory(env: Environment, state: _Live, episode_start: int) -> Trajectory:
     messages = state.messages
     if messages[-1].role == "user" and len(messages) > episode_start + 1:
         messages = messages[:-1]  # a trailing observation nobody answered
     return Trajectory(
-        task_id=state.episode.task_id,
+        task_id=state.task_id,
         env=env.name,
         messages=messages,
         episode_start=episode_start,
@@ -173,6 +195,7 @@ def _to_trajectory(env: Environment, state: _Live, episode_start: int) -> Trajec
         n_steps=state.steps,
         source="policy",
         finish_reason=state.finish_reason,
+        recoveries=getattr(state.episode, "recoveries", 0),
     )
 
 
@@ -234,7 +257,7 @@ def rollout_to_store(
     store: ArtifactStore,
     stage: str,
     model_url: str,
-    env_name: str,
+    env_settings: EnvSettings,
     task_ids: list[str],
     prefix: list[Message],
     inference,
@@ -244,7 +267,7 @@ def rollout_to_store(
 ) -> Manifest:
     """Roll the model out on `task_ids`, store the trajectories and publish their statistics."""
     inputs = {
-        "stage": stage, "model": model_url, "env": env_name, "tasks": task_ids, "prefix": prefix,
+        "stage": stage, "model": model_url, "env": env_settings, "tasks": task_ids, "prefix": prefix,
         "inference": inference, "max_steps": max_steps, "sampling": asdict(sampling),
     }  # fmt: skip
     if (done := store.manifest(out_url, inputs)) is not None:
@@ -256,24 +279,26 @@ def rollout_to_store(
     model_dir = str(store.local_dir(model_url))
     chat = ChatTokenizer(AutoTokenizer.from_pretrained(model_dir))
     settings = RolloutSettings(max_steps, inference.max_model_len, sampling)
+    env = make_env(env_settings)
+    env.check()
     backend = open_backend(inference, model_dir, chat.tokenizer)
-    env = make_env(env_name)
     started = time.perf_counter()
     trajectories = run_batched(env, task_ids, backend, chat, prefix, settings)
     seconds = time.perf_counter() - started
     url = store.write_records(f"{out_url}/trajectories.jsonl", trajectories)
+    raise_if_lost(trajectories, url)
     stats = EpisodeStats.of(trajectories)
     generated = sum(len(m.token_ids or ()) for t in trajectories for m in t.messages)
-    reasons: dict[str, int] = {}  # how episodes ended: ended_done, ended_max_steps, ...
-    for t in trajectories:
-        key = "ended_" + ("error" if t.finish_reason.startswith("error") else t.finish_reason)
-        reasons[key] = reasons.get(key, 0) + 1
     return store.publish(
         Manifest(
             stage=stage,
             url=out_url,
             files={"trajectories": url},
-            counts={"episodes": stats.episodes, "successes": stats.successes, **reasons},
+            counts={
+                "episodes": stats.episodes,
+                "successes": stats.successes,
+                **ending_counts(trajectories),
+            },
             metrics={
                 "success_rate": stats.success_rate,
                 "average_reward": stats.average_reward,
@@ -284,3 +309,31 @@ def rollout_to_store(
         ),
         inputs,
     )
+
+
+class EpisodesLost(RuntimeError):
+    """Some episodes could not be played to an end because their environment was unreachable."""
+
+
+def raise_if_lost(trajectories: list[Trajectory], url: str) -> None:
+    """A stage with lost episodes fails instead of publishing: a lost episode is not the agent's
+    failure, and a re-run (servers back) plays the stage again instead of reusing it."""
+    lost = [t for t in trajectories if t.finish_reason.startswith("lost")]
+    if lost:
+        raise EpisodesLost(
+            f"{len(lost)} of {len(trajectories)} episodes were lost: no environment server could "
+            f"play them (first: task {lost[0].task_id}: {lost[0].finish_reason}). All episodes, "
+            f"with their reasons, are in {url}. Bring the servers back (env.servers) and re-run."
+        )
+
+
+def ending_counts(trajectories: list[Trajectory]) -> dict[str, int]:
+    """How episodes ended (ended_done, ended_max_steps, ended_error, ...) and how many moved to
+    another environment server on the way (`retried`: episodes, `recoveries`: moves)."""
+    counts: dict[str, int] = {}
+    for t in trajectories:
+        key = "ended_" + t.finish_reason.split(":")[0]
+        counts[key] = counts.get(key, 0) + 1
+    counts["retried"] = sum(1 for t in trajectories if t.recoveries)
+    counts["recoveries"] = sum(t.recoveries for t in trajectories)
+    return counts

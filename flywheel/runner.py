@@ -24,13 +24,24 @@ def preflight(cfg) -> ArtifactStore:
 
 
 def check_task_lists(cfg) -> None:
-    """Both splits must keep at least one task under the config's filters."""
+    """The environment can run (its servers answer), both splits keep at least one task under
+    the config's filters, and there is an expert to start from."""
     from envs import make_env
     from flywheel.rollout import task_list
 
-    env = make_env(cfg.env.name)
-    for split in ("train", "test"):
-        task_list(env, split, cfg.env, cfg.seed)
+    env = make_env(cfg.env)
+    try:
+        env.check()
+    except ValueError as error:
+        raise ConfigError(f"env: {error}") from None
+    train = task_list(env, "train", cfg.env, cfg.seed)
+    task_list(env, "test", cfg.env, cfg.seed)
+    if env.expert_plan(train[0]) is None:
+        raise ConfigError(
+            f"env.name={cfg.env.name!r} has no expert trajectories, and the recipes start from "
+            "SFT on them: use a Flywheel environment (textcraft, scienceworld), with env.servers "
+            "to run its episodes on environment servers"
+        )
 
 
 def check_trainer_settings(cfg) -> None:

@@ -9,9 +9,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-ENVIRONMENTS = ("textcraft",)
+ENVIRONMENTS = (
+    "textcraft",
+    "scienceworld",
+    "agentgym-textcraft",
+    "agentgym-sciworld",
+    "agentgym-webshop",
+)
 BUILTIN_MODELS = ("smollm2-135m", "tiny")
 
 
@@ -42,6 +55,42 @@ class ModelSettings(Strict):
         return str(Path(value).expanduser().resolve())
 
 
+class ScienceWorldSettings(Strict):
+    """Which ScienceWorld tasks a run draws from (env `scienceworld`)."""
+
+    # Task families; the defaults' gold paths take 5-10 steps. Any ScienceWorld task name works.
+    task_names: list[str] = Field(
+        default_factory=lambda: [
+            "find-plant",
+            "find-animal",
+            "lifespan-longest-lived",
+            "lifespan-shortest-lived",
+        ],  # fmt: skip
+        min_length=1,
+    )
+    # The first this-many variations of each family in each split (None = all of them; the
+    # expert's gold path costs 0.2-3 s per variation the first time, then it is cached).
+    variations: int | None = Field(default=10, ge=1)
+    # ScienceWorld's simplifications, e.g. "easy" or "openDoors,teleportAction"; "" = none
+    # (AgentGym's setting).
+    simplification: str = ""
+
+
+class AgentGymTasks(Strict):
+    """Task indices [start, stop) of an AgentGym server's list (env `agentgym-*`): AgentGym's
+    servers publish no split, so the run names one."""
+
+    train: tuple[int, int] = (0, 0)
+    test: tuple[int, int] = (0, 0)
+
+    @field_validator("train", "test")
+    @classmethod
+    def _range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if not 0 <= value[0] <= value[1]:
+            raise ValueError(f"want [start, stop] with 0 <= start <= stop, got {list(value)}")
+        return value
+
+
 class EnvSettings(Strict):
     """Which environment and how many of its tasks a run uses (None = all of the split)."""
 
@@ -57,6 +106,14 @@ class EnvSettings(Strict):
     # untrained model. Trained models are prompted as they were trained, without them: SFT
     # leaves examples out, and a model shown a prompt it never trained on does much worse.
     few_shot: int = Field(default=1, ge=0)
+    # Environment servers speaking AgentGym's protocol (`python -m envs.serve`, or AgentGym's
+    # own for `agentgym-*`). Empty: episodes run in this process. Episodes are spread over the
+    # servers and move to another one when theirs dies. Where episodes run does not change
+    # their results, so servers (and the client's timeouts) are left out of cache keys.
+    servers: list[str] = Field(default_factory=list, exclude=True)
+    request_timeout_s: float = Field(default=60.0, gt=0, exclude=True)
+    scienceworld: ScienceWorldSettings = Field(default_factory=ScienceWorldSettings)
+    agentgym: AgentGymTasks = Field(default_factory=AgentGymTasks)
 
     @field_validator("name")
     @classmethod
@@ -64,6 +121,26 @@ class EnvSettings(Strict):
         if value not in ENVIRONMENTS:
             raise ValueError(f"unknown environment {value!r}; choose one of {ENVIRONMENTS}")
         return value
+
+    @field_validator("servers")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"server {url!r} must be an http:// or https:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _agentgym_needs_servers(self) -> EnvSettings:
+        if self.name.startswith("agentgym-"):
+            if not self.servers:
+                raise ValueError(f"env {self.name!r} runs on AgentGym servers: set env.servers")
+            if self.agentgym.train == (0, 0) and self.agentgym.test == (0, 0):
+                raise ValueError(
+                    f"env {self.name!r}: set env.agentgym.train and env.agentgym.test to the "
+                    "[start, stop] task-index ranges of the server's list"
+                )
+        return self
 
 
 class InferenceSettings(Strict):
@@ -228,6 +305,17 @@ def load_config(model: type[Strict], path: str | None = None, overrides: list[st
     for assignment in overrides:
         apply_override(data, assignment)
     return validate_config(model, data)
+
+
+def load_config_section(model: type[Strict], path: str, section: str) -> Strict:
+    """One section of a recipe config file (e.g. `env` for an environment server)."""
+    data = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path!r} does not exist or holds no mapping of settings")
+    try:
+        return validate_config(model, data.get(section) or {})
+    except ConfigError as error:
+        raise ConfigError(f"{path}: section {section!r}: {error}") from None
 
 
 def validate_config(model: type[Strict], data: dict) -> Strict:

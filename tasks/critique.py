@@ -22,7 +22,7 @@ from flywheel.chat import ChatTokenizer
 from flywheel.inference import InferenceBackend, SamplingSettings
 from flywheel.mcts import Critique, PathPair, SearchTree, TreeNode
 from flywheel.records import Manifest, Message
-from flywheel.settings import CritiqueSettings, InferenceSettings
+from flywheel.settings import CritiqueSettings, EnvSettings, InferenceSettings
 from flywheel.stage import STAGE_CACHE, store_for
 
 VERIFIER_SYSTEM = "You review an agent's work one step at a time and say whether a step was right."
@@ -175,7 +175,7 @@ def _share(items: list, predicate) -> float:
 def critique_stage(
     store_url: str,
     model_url: str,
-    env_name: str,
+    env: EnvSettings,
     trees_url: str,
     pairs_url: str,
     inference: InferenceSettings,
@@ -184,7 +184,7 @@ def critique_stage(
 ) -> Manifest:
     store = store_for(store_url)
     inputs = {
-        "model": model_url, "env": env_name, "trees": trees_url, "pairs": pairs_url,
+        "model": model_url, "env": env, "trees": trees_url, "pairs": pairs_url,
         "inference": inference, "settings": settings,
     }  # fmt: skip
     if (done := store.manifest(out_url, inputs)) is not None:
@@ -202,9 +202,9 @@ def critique_stage(
         model_dir = str(store.local_dir(model_url))
         chat = ChatTokenizer(AutoTokenizer.from_pretrained(model_dir))
         backend = open_backend(inference, model_dir, chat.tokenizer)
-        env = make_env(env_name)
+        oracle = make_env(env).mistakes
         critiques = critique_pairs(
-            pairs, trees, backend, chat, settings, inference.max_model_len, env.mistakes
+            pairs, trees, backend, chat, settings, inference.max_model_len, oracle
         )
     metrics = critique_metrics(critiques)
     metrics["seconds"] = time.perf_counter() - started

@@ -7,7 +7,7 @@ from prefect import task
 from flywheel.inference import SamplingSettings
 from flywheel.records import Manifest, Message
 from flywheel.rollout import rollout_to_store
-from flywheel.settings import InferenceSettings
+from flywheel.settings import EnvSettings, InferenceSettings
 from flywheel.stage import STAGE_CACHE, TrackingRef, store_for
 
 
@@ -16,7 +16,7 @@ def evaluate_stage(
     store_url: str,
     label: str,
     model_url: str,
-    env_name: str,
+    env: EnvSettings,
     task_ids: list[str],
     prefix: list[Message],
     inference: InferenceSettings,
@@ -26,7 +26,7 @@ def evaluate_stage(
 ) -> Manifest:
     sampling = SamplingSettings(temperature=0.0, max_tokens=inference.max_tokens)
     manifest = rollout_to_store(
-        store_for(store_url), "evaluate", model_url, env_name, task_ids, prefix,
+        store_for(store_url), "evaluate", model_url, env, task_ids, prefix,
         inference, max_steps, sampling, out_url,
     )  # fmt: skip
     if tracking:

@@ -13,6 +13,7 @@ from envs import make_env
 from flywheel.eto_format import read_eto_sft, write_eto_sft
 from flywheel.records import Manifest, Message, Trajectory
 from flywheel.rollout import expert_trajectory
+from flywheel.settings import EnvSettings
 from flywheel.stage import STAGE_CACHE, store_for
 
 
@@ -30,23 +31,23 @@ def collect_expert(
 @task(name="expert-trajectories", cache_policy=STAGE_CACHE, persist_result=True)
 def expert_data_stage(
     store_url: str,
-    env_name: str,
+    env: EnvSettings,
     task_ids: list[str],
     prefix: list[Message],
     out_url: str,
     expert_file: str | None = None,
 ) -> Manifest:
     store = store_for(store_url)
-    inputs = {"env": env_name, "tasks": task_ids, "prefix": prefix, "expert_file": expert_file}
+    inputs = {"env": env, "tasks": task_ids, "prefix": prefix, "expert_file": expert_file}
     if (done := store.manifest(out_url, inputs)) is not None:
         return done
     if expert_file:
-        trajectories = read_eto_sft(store.read_json(expert_file), env_name, prefix)
+        trajectories = read_eto_sft(store.read_json(expert_file), env.name, prefix)
         wanted = set(task_ids)
         trajectories = [t for t in trajectories if t.task_id in wanted]
         unsolved = sorted(wanted - {t.task_id for t in trajectories})
     else:
-        trajectories, unsolved = collect_expert(make_env(env_name), task_ids, prefix)
+        trajectories, unsolved = collect_expert(make_env(env), task_ids, prefix)
     url = store.write_records(f"{out_url}/expert.jsonl", trajectories)
     eto_url = store.write_json(f"{out_url}/eto_sft.json", write_eto_sft(trajectories))
     return store.publish(

@@ -7,7 +7,7 @@ from prefect import task
 from flywheel.inference import SamplingSettings
 from flywheel.records import Manifest, Message
 from flywheel.rollout import rollout_to_store
-from flywheel.settings import ExploreSettings, InferenceSettings
+from flywheel.settings import EnvSettings, ExploreSettings, InferenceSettings
 from flywheel.stage import STAGE_CACHE, store_for
 
 
@@ -22,7 +22,7 @@ def shard(task_ids: list[str], shards: int, samples_per_task: int) -> list[list[
 def explore_stage(
     store_url: str,
     model_url: str,
-    env_name: str,
+    env: EnvSettings,
     task_ids: list[str],
     prefix: list[Message],
     inference: InferenceSettings,
@@ -35,6 +35,6 @@ def explore_stage(
         temperature=explore.temperature, max_tokens=inference.max_tokens, seed=seed
     )
     return rollout_to_store(
-        store_for(store_url), "explore", model_url, env_name, task_ids, prefix,
+        store_for(store_url), "explore", model_url, env, task_ids, prefix,
         inference, max_steps, sampling, out_url,
     )  # fmt: skip

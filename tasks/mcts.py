@@ -13,7 +13,7 @@ from prefect import task
 from flywheel.inference import SamplingSettings
 from flywheel.mcts import SearchLimits, SearchTree, render, search
 from flywheel.records import Manifest, Message
-from flywheel.settings import InferenceSettings, MCTSSettings
+from flywheel.settings import EnvSettings, InferenceSettings, MCTSSettings
 from flywheel.stage import STAGE_CACHE, store_for
 
 
@@ -49,7 +49,7 @@ def tree_counts(trees: list[SearchTree]) -> dict[str, int]:
 def mcts_stage(
     store_url: str,
     model_url: str,
-    env_name: str,
+    env: EnvSettings,
     task_ids: list[str],
     prefix: list[Message],
     inference: InferenceSettings,
@@ -59,7 +59,7 @@ def mcts_stage(
 ) -> Manifest:
     store = store_for(store_url)
     inputs = {
-        "model": model_url, "env": env_name, "tasks": task_ids, "prefix": prefix,
+        "model": model_url, "env": env, "tasks": task_ids, "prefix": prefix,
         "inference": inference, "settings": settings, "seed": seed,
     }  # fmt: skip
     if (done := store.manifest(out_url, inputs)) is not None:
@@ -75,7 +75,7 @@ def mcts_stage(
     backend = open_backend(inference, model_dir, chat.tokenizer)
     started = time.perf_counter()
     trees = search(
-        make_env(env_name), task_ids, backend, chat, prefix,
+        make_env(env), task_ids, backend, chat, prefix,
         search_limits(settings, inference, seed), seed,
     )  # fmt: skip
     seconds = time.perf_counter() - started

@@ -19,6 +19,7 @@ from prefect import task
 from flywheel.chat import format_observation, format_reply
 from flywheel.mcts import Critique, PathPair, SearchTree, step_messages
 from flywheel.records import Manifest, Message, Trajectory
+from flywheel.settings import EnvSettings
 from flywheel.stage import STAGE_CACHE, store_for
 
 Mode = Literal["revision", "direct", "good"]
@@ -124,7 +125,7 @@ def build_training_data(
 @task(name="splice", cache_policy=STAGE_CACHE, persist_result=True)
 def splice_stage(
     store_url: str,
-    env_name: str,
+    env: EnvSettings,
     trees_url: str,
     paths: Manifest,
     critiques_url: str | None,
@@ -136,7 +137,7 @@ def splice_stage(
 ) -> Manifest:
     store = store_for(store_url)
     inputs = {
-        "env": env_name, "trees": trees_url, "paths": paths.files, "critiques": critiques_url,
+        "env": env, "trees": trees_url, "paths": paths.files, "critiques": critiques_url,
         "prefix": prefix, "mode": mode, "include_good": include_good, "seed": seed,
     }  # fmt: skip
     if (done := store.manifest(out_url, inputs)) is not None:
@@ -148,7 +149,7 @@ def splice_stage(
     good = store.read_json(paths.files["good"])
     critiques = store.read_records(critiques_url, Critique) if critiques_url else []
     data, counts = build_training_data(
-        make_env(env_name), trees, pairs, good, critiques, prefix, mode, include_good, seed
+        make_env(env), trees, pairs, good, critiques, prefix, mode, include_good, seed
     )
     url = store.write_records(f"{out_url}/trajectories.jsonl", data)
     return store.publish(

@@ -1,0 +1,424 @@
+"""Episodes on environment servers that speak AgentGym's HTTP protocol.
+
+AgentGym's servers (`/create`, `/reset`, `/step`, `/observation`, `/close`) differ per environment;
+a `Dialect` holds one server family's field names:
+
+- TextCraft: id field `id`; `/create` answers `{"id", "observation", ...}`; `/reset` takes
+  `data_idx`; `/step` answers `{"observation", "reward", "done"}`, reward 0 or 1.
+- SciWorld: id field `id`; `/create` answers `{"id"}`; the first observation is the reset answer's
+  `task_description` + newline + `observation`; `/step` answers a cumulative `score` (0-100, -100
+  on failure), turned here into per-step rewards (score differences).
+- WebShop: id field `env_idx`; `/create` answers a bare int; `/reset` takes `session_id` and answers
+  `[observation, null]`; `/step` answers `{"state", "reward", "done", "info"}`, reward in [0, 1].
+
+Errors: AgentGym servers answer many errors as HTTP 200 with an `error` field; those, other HTTP
+statuses and answers that are not the expected JSON raise `AgentGymError` naming the server, the
+endpoint and what came back. Connection failures are retried with back-off; a server that stays
+down, hangs past the timeout or restarted (it no longer knows the episode's id) does not end the
+episode: it is re-created on a live server (the same one once it is back), its actions so far are
+replayed and checked against the observations already seen, and the step is retried there.
+Only when no server can continue does the step raise `ServerUnavailable`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from envs.base import Environment, EnvironmentUnavailable, Episode, Split, StepResult
+
+
+class AgentGymError(RuntimeError):
+    """A server answered, but not with what the protocol promises (or with an `error` field)."""
+
+
+class ServerUnavailable(EnvironmentUnavailable):
+    """No server could be reached (or answered in time) to run the request."""
+
+
+class LostEpisode(RuntimeError):
+    """The server no longer knows the episode (it restarted)."""
+
+
+# Phrases AgentGym-style servers use when an id is unknown (Flywheel's server says the first).
+_UNKNOWN_ID_PHRASES = ("unknown environment id", "is not valid", "not exist", "has been deleted")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One AgentGym server family's field names (see the module docstring)."""
+
+    name: str
+    id_field: str
+    reward_range: tuple[float, float]
+    reset_index_field: str
+    cumulative_score: bool  # `/step` reports a running score instead of a per-step reward
+
+    def parse_id(self, answer: Any) -> int:
+        value = answer if self.id_field == "env_idx" else _field(answer, "id", "/create")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise AgentGymError(f"/create answered {answer!r}; expected an integer id")
+        return value
+
+    def first_observation(self, answer: Any) -> str:
+        if self.name == "webshop":
+            if not (isinstance(answer, list) and answer and isinstance(answer[0], str)):
+                raise AgentGymError(f"/reset answered {answer!r}; expected [observation, null]")
+            return answer[0]
+        observation = _text(answer, "observation", "/reset")
+        if self.name == "sciworld":
+            return f"{_text(answer, 'task_description', '/reset')}\n{observation}"
+        return observation
+
+    def parse_step(self, answer: Any, last_score: float) -> tuple[StepResult, float]:
+        """The step's result and the running score after it."""
+        observation = _text(answer, "state" if self.name == "webshop" else "observation", "/step")
+        done = _field(answer, "done", "/step")
+        if not isinstance(done, bool):
+            raise AgentGymError(f"/step answered done={done!r}; expected true or false")
+        if self.cumulative_score:
+            score = _number(answer, "score")
+            reward = score - last_score
+        else:
+            reward = _number(answer, "reward")
+            score = last_score + reward
+        return StepResult(observation, reward, done), score
+
+
+DIALECTS = {
+    "textcraft": Dialect("textcraft", "id", (0.0, 1.0), "data_idx", cumulative_score=False),
+    "sciworld": Dialect("sciworld", "id", (0.0, 100.0), "data_idx", cumulative_score=True),
+    "webshop": Dialect("webshop", "env_idx", (0.0, 1.0), "session_id", cumulative_score=False),
+}
+
+
+def _field(answer: Any, key: str, endpoint: str) -> Any:
+    if not isinstance(answer, dict) or key not in answer:
+        shown = sorted(answer) if isinstance(answer, dict) else repr(answer)[:120]
+        raise AgentGymError(f"{endpoint} answer lacks {key!r} (got {shown})")
+    return answer[key]
+
+
+def _text(answer: Any, key: str, endpoint: str) -> str:
+    value = _field(answer, key, endpoint)
+    if not isinstance(value, str):
+        raise AgentGymError(f"{endpoint} answered {key}={value!r}; expected a string")
+    return value
+
+
+def _number(answer: Any, key: str) -> float:
+    value = _field(answer, key, "/step")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AgentGymError(f"/step answered {key}={value!r}; expected a number")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """How hard the client tries. `timeout_s` bounds every request, so a hung server fails a
+    request instead of stalling the flow."""
+
+    timeout_s: float = 60.0
+    connect_timeout_s: float = 5.0
+    retries: int = 3  # per request, on connection errors, with back-off 0.2 s, 0.4 s, 0.8 s, ...
+    backoff_s: float = 0.2
+    recoveries: int = 3  # per episode: re-create on a live server and replay, this many times
+    down_for_s: float = 5.0  # a failed server is skipped this long before it is tried again
+
+
+class Server:
+    """One server URL: requests with timeouts, retries on connection errors, health state."""
+
+    def __init__(self, url: str, dialect: Dialect, settings: ClientSettings) -> None:
+        self.url = url.rstrip("/")
+        self.dialect = dialect
+        self.settings = settings
+        self.live_episodes = 0
+        self.down_until = 0.0
+        timeout = httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)
+        self._http = httpx.Client(
+            base_url=self.url, timeout=timeout, limits=httpx.Limits(max_connections=256)
+        )
+
+    def post(self, path: str, body: dict, env_id: int | None = None) -> Any:
+        if env_id is not None:
+            body = {self.dialect.id_field: env_id, **body}
+        return self._request("POST", path, json=body)
+
+    def get(self, path: str, env_id: int | None = None) -> Any:
+        params = {self.dialect.id_field: env_id} if env_id is not None else None
+        return self._request("GET", path, params=params)
+
+    def _request(self, method: str, path: str, **kwargs) -> Any:
+        for attempt in range(self.settings.retries + 1):
+            try:
+                response = self._http.request(method, path, **kwargs)
+                break
+            except (httpx.ConnectError, httpx.ConnectTimeout) as error:
+                # The request never reached the server, so sending it again is safe.
+                if attempt == self.settings.retries:
+                    self.down_until = time.monotonic() + self.settings.down_for_s
+                    raise ServerUnavailable(f"{self.url}{path}: {error}") from error
+                time.sleep(self.settings.backoff_s * 2**attempt)
+            except httpx.TransportError as error:
+                # It may have reached the server (a read timed out, the connection dropped):
+                # not repeated here; the episode recovers by replaying on a fresh environment.
+                self.down_until = time.monotonic() + self.settings.down_for_s
+                raise ServerUnavailable(
+                    f"{self.url}{path}: {type(error).__name__}: {error}"
+                ) from error
+        return self._answer(path, response)
+
+    def _answer(self, path: str, response: httpx.Response) -> Any:
+        where = f"{self.url}{path}"
+        if response.status_code != 200:
+            raise AgentGymError(
+                f"{where} answered HTTP {response.status_code}: {response.text[:200]}"
+            )
+        try:
+            answer = response.json()
+        except ValueError:
+            raise AgentGymError(f"{where} answered non-JSON: {response.text[:120]!r}") from None
+        if isinstance(answer, dict) and "error" in answer:
+            message = str(answer["error"])
+            if any(phrase in message.lower() for phrase in _UNKNOWN_ID_PHRASES):
+                raise LostEpisode(f"{where}: {message}")
+            raise AgentGymError(f"{where} answered an error: {message}")
+        return answer
+
+    def available(self) -> bool:
+        return time.monotonic() >= self.down_until
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class ServerPool:
+    """The servers episodes are spread over: each new episode goes to the live server with the
+    fewest live episodes."""
+
+    def __init__(self, urls: list[str], dialect: Dialect, settings: ClientSettings) -> None:
+        if not urls:
+            raise ValueError("no environment servers given")
+        self.servers = [Server(url, dialect, settings) for url in urls]
+        self.dialect = dialect
+        self.settings = settings
+        self._lock = threading.Lock()
+
+    def assign(self) -> Server:
+        with self._lock:
+            # When all failed recently, try them anyway: one may have restarted.
+            candidates = [s for s in self.servers if s.available()] or self.servers
+            server = min(candidates, key=lambda s: s.live_episodes)
+            server.live_episodes += 1
+            return server
+
+    def release(self, server: Server) -> None:
+        with self._lock:
+            server.live_episodes -= 1
+
+
+@dataclass
+class _Remote:
+    server: Server
+    env_id: int
+    score: float = 0.0
+
+
+@dataclass
+class RemoteEpisode(Episode):
+    """One episode on a server; survives the server's death by moving to another one."""
+
+    pool: ServerPool
+    task_id: str
+    index: int
+    instruction: str = ""
+    recoveries: int = 0  # times this episode was re-created on a server and replayed
+    _actions: list[str] = field(default_factory=list)
+    _results: list[StepResult] = field(default_factory=list)
+    _remote: _Remote | None = None
+
+    def __post_init__(self) -> None:
+        self._with_recovery(lambda: None)
+
+    def step(self, action: str) -> StepResult:
+        result = self._with_recovery(lambda: self._step_on_server(action))
+        self._actions.append(action)
+        self._results.append(result)
+        return result
+
+    def close(self) -> None:
+        remote, self._remote = self._remote, None
+        if remote is not None:
+            self.pool.release(remote.server)
+            # AgentGym's TextCraft and SciWorld servers have no /close: nothing to do then.
+            with contextlib.suppress(AgentGymError, ServerUnavailable, LostEpisode):
+                remote.server.post("/close", {}, remote.env_id)
+
+    def _with_recovery(self, request: Callable[[], StepResult | None]) -> Any:
+        last_error: Exception | None = None
+        for attempt in range(self.pool.settings.recoveries + 1):
+            try:
+                if self._remote is None:
+                    self._open()
+                return request()
+            except (ServerUnavailable, LostEpisode) as error:
+                self._drop_remote()  # a failed server sits out `down_for_s`; see ServerPool
+                last_error = error
+                if attempt < self.pool.settings.recoveries:
+                    self.recoveries += 1
+        raise ServerUnavailable(
+            f"task {self.task_id}: no environment server could continue the episode after "
+            f"{self.recoveries} recoveries; last error: {last_error}"
+        )
+
+    def _open(self) -> None:
+        server = self.pool.assign()
+        try:
+            dialect = self.pool.dialect
+            env_id = dialect.parse_id(server.post("/create", {}))
+            self._remote = _Remote(server, env_id)
+            answer = server.post("/reset", {dialect.reset_index_field: self.index}, env_id)
+        except BaseException:
+            if self._remote is None:
+                self.pool.release(server)
+            raise
+        observation = dialect.first_observation(answer)
+        if self.instruction and observation != self.instruction:
+            raise AgentGymError(f"{server.url}: task {self.task_id} starts differently on replay")
+        self.instruction = observation
+        for action, seen in zip(self._actions, self._results, strict=True):
+            if self._step_on_server(action) != seen:
+                raise AgentGymError(
+                    f"{server.url}: replaying task {self.task_id} gave a different result for "
+                    f"{action!r}; the environment is not deterministic, so the episode cannot move"
+                )
+
+    def _step_on_server(self, action: str) -> StepResult:
+        remote = self._remote
+        answer = remote.server.post("/step", {"action": action}, remote.env_id)
+        result, remote.score = self.pool.dialect.parse_step(answer, remote.score)
+        return result
+
+    def _drop_remote(self) -> None:
+        remote, self._remote = self._remote, None
+        if remote is not None:
+            self.pool.release(remote.server)
+
+
+class AgentGymEnv(Environment):
+    """An AgentGym server family as a Flywheel environment; tasks are the servers' indices.
+
+    `train` and `test` are index ranges [start, stop) of the server's task list: AgentGym's
+    servers publish no split, so the user names one. There is no expert and no oracle.
+    """
+
+    step_workers = 64  # steps are HTTP round trips: many can be in flight at once
+
+    def __init__(
+        self,
+        dialect: str,
+        servers: list[str],
+        train: tuple[int, int],
+        test: tuple[int, int],
+        client: ClientSettings | None = None,
+    ) -> None:
+        self.dialect = DIALECTS[dialect]
+        self.name = f"agentgym-{dialect}"
+        self.reward_range = self.dialect.reward_range
+        self.splits = {"train": range(*train), "test": range(*test)}
+        self.pool = ServerPool(servers, self.dialect, client or ClientSettings())
+
+    def check(self) -> None:
+        for server in self.pool.servers:
+            try:
+                server.get("/")
+            except (ServerUnavailable, AgentGymError, LostEpisode) as error:
+                raise ValueError(
+                    f"environment server {server.url} is not usable: {error}"
+                ) from None
+
+    def task_ids(self, split: Split) -> list[str]:
+        return [str(i) for i in self.splits[split]]
+
+    def start(self, task_id: str) -> Episode:
+        if not task_id.isdigit():
+            raise KeyError(f"{self.name} task ids are server indices, not {task_id!r}")
+        return RemoteEpisode(self.pool, task_id, int(task_id))
+
+
+class RemoteEnv(Environment):
+    """A Flywheel environment whose episodes run on Flywheel environment servers (`serve_env`).
+
+    Everything but the episodes (tasks, expert, prompts, oracle) comes from the local `catalog`;
+    `check` makes sure every server serves the same environment with the same task list.
+    """
+
+    step_workers = 64
+
+    def __init__(
+        self, catalog: Environment, servers: list[str], client: ClientSettings | None = None
+    ) -> None:
+        self.catalog = catalog
+        self.name = catalog.name
+        self.reward_range = catalog.reward_range
+        self.system_prompt = catalog.system_prompt
+        self.noop_action = catalog.noop_action
+        self.served_tasks = served_task_ids(catalog)
+        self._index = {t: i for i, t in enumerate(self.served_tasks)}
+        self.pool = ServerPool(
+            servers, DIALECTS[dialect_of(catalog.name)], client or ClientSettings()
+        )
+
+    def check(self) -> None:
+        """Every server is up and serves this environment's tasks; raises ValueError if not."""
+        expected = {"env": self.name, "tasks_sha1": tasks_digest(self.served_tasks)}
+        for server in self.pool.servers:
+            try:
+                info = server.get("/flywheel")
+            except (ServerUnavailable, AgentGymError, LostEpisode) as error:
+                raise ValueError(
+                    f"environment server {server.url} is not usable: {error}"
+                ) from None
+            found = {k: info.get(k) for k in expected} if isinstance(info, dict) else info
+            if found != expected:
+                raise ValueError(
+                    f"environment server {server.url} serves {found}, this run needs {expected}: "
+                    "start it with the same Flywheel version and environment settings"
+                )
+
+    def task_ids(self, split: Split) -> list[str]:
+        return self.catalog.task_ids(split)
+
+    def start(self, task_id: str) -> Episode:
+        if task_id not in self._index:
+            raise KeyError(f"unknown {self.name} task {task_id!r}")
+        return RemoteEpisode(self.pool, task_id, self._index[task_id])
+
+    def expert_plan(self, task_id: str):
+        return self.catalog.expert_plan(task_id)
+
+    def mistakes(self, task_id: str, actions):
+        return self.catalog.mistakes(task_id, actions)
+
+
+def served_task_ids(env: Environment) -> list[str]:
+    """The order a server indexes tasks in (`data_idx`): train tasks, then test tasks."""
+    return env.task_ids("train") + env.task_ids("test")
+
+
+def tasks_digest(task_ids: list[str]) -> str:
+    import hashlib
+
+    return hashlib.sha1("\n".join(task_ids).encode()).hexdigest()
+
+
+def dialect_of(env_name: str) -> str:
+    """The AgentGym dialect a Flywheel environment is served in (its AgentGym counterpart's)."""
+    return "sciworld" if env_name == "scienceworld" else "textcraft"

@@ -1,0 +1,215 @@
+"""ScienceWorld (elementary-science tasks in a text world) in process, from the `scienceworld` package.
+
+Each `ScienceWorldEnv` of the package is a Java process (~1.5 s to start, ~105 MiB), so episodes
+borrow one from a pool and give it back on `close`; py4j calls release the GIL, so episodes of
+one rollout step in parallel threads.
+
+Tasks: a task id is `<task name>/<variation>` (`find-plant/3`). Split: ScienceWorld's own
+per-task variation split; `train` is its train variations and `test` its test variations (the dev
+variations are used by neither), so no test variation is ever trained on. `variations` caps how
+many variations of each task name a split uses (the first ones, in ScienceWorld's order).
+
+Rewards: a step's reward is the change in ScienceWorld's score (0-100); a failed task ends the
+episode at score -100. An episode's summed reward is therefore its final score, normalised over
+(0, 100), with failure clamped to 0 (AgentGym's SciWorld server reports the same score).
+
+Expert: ScienceWorld's own gold action sequence for the variation. Generating it takes 0.2-3 s a
+variation, so plans are cached in `cache_dir` (a JSON file per simplification setting).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import json
+import os
+import queue
+import threading
+from pathlib import Path
+
+from envs.base import Environment, Episode, Split, StepResult
+
+# Short-horizon task families: their gold paths take 5-10 steps (measured), so a small model
+# and a small step budget have a chance. Every ScienceWorld task name is accepted.
+DEFAULT_TASK_NAMES = (
+    "find-plant",
+    "find-animal",
+    "lifespan-longest-lived",
+    "lifespan-shortest-lived",
+)
+STEP_LIMIT = 100  # ScienceWorld's own per-episode move limit (AgentGym's default too)
+
+SYSTEM_PROMPT = (
+    "You are an agent in ScienceWorld, a text world of rooms, objects and substances. Do the "
+    "science task you are given. Actions: look around, look at OBJ, look in OBJ, go to ROOM, "
+    "open OBJ, close OBJ, pick up OBJ, put down OBJ, move OBJ to OBJ, pour OBJ in OBJ, mix OBJ, "
+    "activate OBJ, deactivate OBJ, use OBJ on OBJ, focus on OBJ, inventory, wait, wait1. "
+    "Focus only on the object the task names: focusing on a wrong one fails the task.\n"
+    "Reply with one line 'Thought: <reasoning>' then one line 'Action: <action>'."
+)
+
+
+class _JVMPool:
+    """Idle ScienceWorld processes, started on demand and reused by later episodes."""
+
+    def __init__(self) -> None:
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()
+        self._all: list = []
+        self._lock = threading.Lock()
+        atexit.register(self.shutdown)
+
+    def take(self):
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            from scienceworld import ScienceWorldEnv
+
+            world = ScienceWorldEnv("", envStepLimit=STEP_LIMIT)
+            with self._lock:
+                self._all.append(world)
+            return world
+
+    def give_back(self, world) -> None:
+        self._idle.put(world)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            worlds, self._all = self._all, []
+        for world in worlds:
+            with contextlib.suppress(Exception):  # the JVM may be gone at interpreter exit
+                world.close()
+
+
+_pool = _JVMPool()
+
+
+class ScienceWorldEpisode(Episode):
+    def __init__(self, task_id: str, simplification: str) -> None:
+        name, variation = parse_task_id(task_id)
+        self.task_id = task_id
+        self._world = _pool.take()
+        try:
+            self._world.load(name, variation, simplification)
+            self._world.reset()
+            description = self._world.get_task_description()
+            observation, _, _, _ = self._world.step("look around")
+        except BaseException:
+            _pool.give_back(self._world)
+            raise
+        self.instruction = f"{description}\n{observation}"
+        self._closed = False
+
+    def step(self, action: str) -> StepResult:
+        observation, reward, done, info = self._world.step(action)
+        return StepResult(observation=observation, reward=float(reward), done=bool(done))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            _pool.give_back(self._world)
+
+
+def parse_task_id(task_id: str) -> tuple[str, int]:
+    name, _, variation = task_id.rpartition("/")
+    if not name or not variation.isdigit():
+        raise KeyError(f"not a ScienceWorld task id (want '<task name>/<variation>'): {task_id!r}")
+    return name, int(variation)
+
+
+@functools.cache
+def _variation_splits(task_name: str) -> dict[str, tuple[int, ...]]:
+    world = _pool.take()
+    try:
+        world.load(task_name, 0, "")
+        return {
+            "train": tuple(world.get_variations_train()),
+            "test": tuple(world.get_variations_test()),
+        }
+    finally:
+        _pool.give_back(world)
+
+
+@functools.cache
+def task_names() -> tuple[str, ...]:
+    world = _pool.take()
+    try:
+        return tuple(world.get_task_names())
+    finally:
+        _pool.give_back(world)
+
+
+class ScienceWorldEnv(Environment):
+    name = "scienceworld"
+    reward_range = (0.0, 100.0)
+    system_prompt = SYSTEM_PROMPT
+    noop_action = "look around"  # changes nothing but ScienceWorld's move count
+    step_workers = 8  # each episode has its own Java process; py4j calls release the GIL
+
+    def __init__(
+        self,
+        task_names: tuple[str, ...] | list[str] = DEFAULT_TASK_NAMES,
+        variations: int | None = 10,
+        simplification: str = "",
+        cache_dir: str | os.PathLike | None = None,
+    ) -> None:
+        self.task_names = tuple(task_names)
+        self.variations = variations
+        self.simplification = simplification
+        cache_root = Path(cache_dir or os.environ.get("FLYWHEEL_CACHE", "~/.cache/flywheel"))
+        self._gold_file = cache_root.expanduser() / "scienceworld" / f"gold-{simplification}.json"
+        self._gold: dict[str, list[str]] | None = None
+        self._gold_lock = threading.Lock()
+
+    def check(self) -> None:
+        """Fail early on task names ScienceWorld does not have."""
+        unknown = sorted(set(self.task_names) - set(task_names()))
+        if unknown:
+            raise ValueError(
+                f"unknown ScienceWorld task names {unknown}; choose from {list(task_names())}"
+            )
+
+    def task_ids(self, split: Split) -> list[str]:
+        self.check()
+        ids = []
+        for name in self.task_names:
+            variations = _variation_splits(name)[split][: self.variations]
+            ids += [f"{name}/{v}" for v in variations]
+        return ids
+
+    def start(self, task_id: str) -> Episode:
+        name, _ = parse_task_id(task_id)
+        if name not in task_names():
+            raise KeyError(f"unknown ScienceWorld task {task_id!r}")
+        return ScienceWorldEpisode(task_id, self.simplification)
+
+    def expert_plan(self, task_id: str) -> list[tuple[str, str]] | None:
+        actions = self.gold_actions(task_id)
+        return [(f"Next step of the procedure: {a}.", a) for a in actions] or None
+
+    def gold_actions(self, task_id: str) -> list[str]:
+        """ScienceWorld's gold action sequence for the variation (cached on disk)."""
+        with self._gold_lock:
+            if self._gold is None:
+                self._gold = (
+                    json.loads(self._gold_file.read_text()) if self._gold_file.exists() else {}
+                )
+            if task_id not in self._gold:
+                self._gold[task_id] = self._generate_gold(task_id)
+                self._gold_file.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self._gold_file.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(self._gold, sort_keys=True))
+                tmp.replace(self._gold_file)
+            return list(self._gold[task_id])
+
+    def _generate_gold(self, task_id: str) -> list[str]:
+        name, variation = parse_task_id(task_id)
+        world = _pool.take()
+        try:
+            world.load(name, variation, self.simplification, generateGoldPath=True)
+            actions = list(world.get_gold_action_sequence())
+        finally:
+            _pool.give_back(world)
+        if actions and actions[0].startswith("ERROR"):
+            return []
+        return actions
