@@ -280,16 +280,16 @@ class RemoteEpisode(Episode):
 
     def _open(self) -> None:
         server = self.pool.assign()
+        dialect = self.pool.dialect
         try:
-            dialect = self.pool.dialect
-            env_id = dialect.parse_id(server.post("/create", {}))
+            env_id = _parsed(server, dialect.parse_id, server.post("/create", {}))
             self._remote = _Remote(server, env_id)
             answer = server.post("/reset", {dialect.reset_index_field: self.index}, env_id)
         except BaseException:
             if self._remote is None:
                 self.pool.release(server)
             raise
-        observation = dialect.first_observation(answer)
+        observation = _parsed(server, dialect.first_observation, answer)
         if self.instruction and observation != self.instruction:
             raise AgentGymError(f"{server.url}: task {self.task_id} starts differently on replay")
         self.instruction = observation
@@ -303,13 +303,23 @@ class RemoteEpisode(Episode):
     def _step_on_server(self, action: str) -> StepResult:
         remote = self._remote
         answer = remote.server.post("/step", {"action": action}, remote.env_id)
-        result, remote.score = self.pool.dialect.parse_step(answer, remote.score)
+        result, remote.score = _parsed(
+            remote.server, self.pool.dialect.parse_step, answer, remote.score
+        )
         return result
 
     def _drop_remote(self) -> None:
         remote, self._remote = self._remote, None
         if remote is not None:
             self.pool.release(remote.server)
+
+
+def _parsed(server: Server, parse: Callable, *args):
+    """`parse(*args)`, its protocol errors naming the server (the dialect knows only fields)."""
+    try:
+        return parse(*args)
+    except AgentGymError as error:
+        raise AgentGymError(f"{server.url}{error}") from None
 
 
 class AgentGymEnv(Environment):

@@ -19,8 +19,6 @@ variation, so plans are cached in `cache_dir` (a JSON file per simplification se
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import functools
 import json
 import os
@@ -51,13 +49,11 @@ SYSTEM_PROMPT = (
 
 
 class _JVMPool:
-    """Idle ScienceWorld processes, started on demand and reused by later episodes."""
+    """Idle ScienceWorld processes, started on demand and reused by later episodes. They end
+    with this process (the package starts them with `die_on_exit`)."""
 
     def __init__(self) -> None:
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
-        self._all: list = []
-        self._lock = threading.Lock()
-        atexit.register(self.shutdown)
 
     def take(self):
         try:
@@ -65,20 +61,10 @@ class _JVMPool:
         except queue.Empty:
             from scienceworld import ScienceWorldEnv
 
-            world = ScienceWorldEnv("", envStepLimit=STEP_LIMIT)
-            with self._lock:
-                self._all.append(world)
-            return world
+            return ScienceWorldEnv("", envStepLimit=STEP_LIMIT)
 
     def give_back(self, world) -> None:
         self._idle.put(world)
-
-    def shutdown(self) -> None:
-        with self._lock:
-            worlds, self._all = self._all, []
-        for world in worlds:
-            with contextlib.suppress(Exception):  # the JVM may be gone at interpreter exit
-                world.close()
 
 
 _pool = _JVMPool()

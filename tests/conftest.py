@@ -63,3 +63,51 @@ def task_states(flow_state) -> dict[str, list[str]]:
     for run in sorted(runs, key=lambda r: r.expected_start_time):
         states.setdefault(run.name.rsplit("-", 1)[0], []).append(run.state.name)
     return states
+
+
+class EnvServer:
+    """`python -m envs.serve` in a real child process on a free loopback port."""
+
+    def __init__(self, *args: str, port: int | None = None) -> None:
+        import socket
+        import subprocess
+        import sys
+
+        if port is None:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+        self.args, self.port, self.url = args, port, f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "envs.serve", *args, "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout_s: float = 120) -> None:
+        import time
+
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.process.stdout.read()}")
+            try:
+                httpx.get(f"{self.url}/flywheel", timeout=1).raise_for_status()
+                return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        self.kill()
+        raise TimeoutError(f"server {self.args} did not come up in {timeout_s} s")
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye to the clients, as when a machine dies."""
+        self.process.kill()
+        self.process.wait()
+
+    def restart(self) -> None:
+        self.kill()
+        self.__init__(*self.args, port=self.port)

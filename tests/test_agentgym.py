@@ -1,0 +1,327 @@
+"""AgentGym's protocol over real HTTP on loopback: Flywheel's client against Flywheel's server
+(real `python -m envs.serve` processes), servers killed and restarted for real, and answers no
+real server gives (garbage, silence) from a small fake, the one fault we cannot cause otherwise."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from conftest import EnvServer
+
+from envs import make_env
+from envs.agentgym import (
+    DIALECTS,
+    AgentGymError,
+    ClientSettings,
+    LostEpisode,
+    RemoteEnv,
+    ServerPool,
+    ServerUnavailable,
+    served_task_ids,
+)
+from flywheel.rollout import (
+    EpisodesLost,
+    RolloutSettings,
+    agent_prefix,
+    ending_counts,
+    raise_if_lost,
+    run_batched,
+)
+from flywheel.scripted_policy import NoisyExpertBackend
+from flywheel.settings import ConfigError, EnvSettings
+
+FAST = ClientSettings(timeout_s=2.0, connect_timeout_s=0.5, retries=1, backoff_s=0.05)
+
+
+@pytest.fixture(scope="module")
+def textcraft():
+    return make_env("textcraft")
+
+
+@pytest.fixture(scope="module")
+def server():
+    server = EnvServer("--env", "textcraft")
+    yield server
+    server.kill()
+
+
+def play_expert(env, task_id):
+    episode = env.start(task_id)
+    seen = [episode.instruction]
+    for _, action in env.expert_plan(task_id):
+        result = episode.step(action)
+        seen.append(result)
+        if result.done:
+            break
+    episode.close()
+    return seen
+
+
+def test_remote_episodes_match_in_process_ones(textcraft, server):
+    remote = RemoteEnv(textcraft, [server.url], FAST)
+    remote.check()
+    for task_id in textcraft.task_ids("train")[:4] + textcraft.task_ids("test")[:2]:
+        played = play_expert(remote, task_id)
+        assert played == play_expert(textcraft, task_id)
+        assert played[-1].done and played[-1].reward == 1.0
+
+
+def test_server_speaks_agentgym_textcraft_fields(textcraft, server):
+    """What AgentGym's own TextCraft client sends and reads."""
+    http = httpx.Client(base_url=server.url)
+    env_id = http.post("/create", json={"commands": None, "goal": None}).json()["id"]
+    index = 5
+    reset = http.post("/reset", json={"id": env_id, "data_idx": index}).json()
+    task_id = served_task_ids(textcraft)[index]
+    assert reset["observation"] == textcraft.start(task_id).instruction
+    assert reset["done"] is False and reset["id"] == env_id
+    step = http.post("/step", json={"id": env_id, "action": "inventory"}).json()
+    assert set(step) == {"observation", "reward", "done"}
+    assert http.get("/observation", params={"id": env_id}).json() == step["observation"]
+    assert http.post("/close", json={"id": env_id}).json() == {"closed": True}
+    gone = http.post("/step", json={"id": env_id, "action": "inventory"}).json()
+    assert "unknown environment id" in gone["error"]
+
+
+def test_agentgym_client_uses_task_indices(textcraft, server):
+    env = make_env(
+        EnvSettings(
+            name="agentgym-textcraft",
+            servers=[server.url],
+            agentgym={"train": [0, 3], "test": [3, 5]},
+        )
+    )
+    assert env.task_ids("test") == ["3", "4"]
+    episode = env.start("3")
+    assert episode.instruction == textcraft.start(served_task_ids(textcraft)[3]).instruction
+    episode.close()
+
+
+def test_webshop_dialect_round_trip(textcraft):
+    """WebShop's fields (env_idx, bare-int create, [obs, null] reset, `state`) end to end."""
+    webshop = EnvServer("--env", "textcraft", "--dialect", "webshop")
+    try:
+        http = httpx.Client(base_url=webshop.url)
+        env_idx = http.post("/create").json()
+        assert isinstance(env_idx, int)
+        reset = http.post("/reset", json={"env_idx": env_idx, "session_id": 0}).json()
+        assert isinstance(reset, list) and reset[1] is None
+        step = http.post("/step", json={"env_idx": env_idx, "action": "inventory"}).json()
+        assert set(step) == {"state", "reward", "done", "info"}
+
+        settings = EnvSettings(
+            name="agentgym-webshop",
+            servers=[webshop.url],
+            agentgym={"train": [0, 2], "test": [2, 3]},
+        )
+        env = make_env(settings)
+        task_id = served_task_ids(textcraft)[1]
+        episode = env.start("1")
+        for _, action in textcraft.expert_plan(task_id):
+            result = episode.step(action)
+        assert result.done and result.reward == 1.0
+    finally:
+        webshop.kill()
+
+
+def test_error_answers_raise_clear_errors(server):
+    pool = ServerPool([server.url], DIALECTS["textcraft"], FAST)
+    (remote,) = pool.servers
+    with pytest.raises(LostEpisode, match="unknown environment id 999"):
+        remote.post("/step", {"action": "inventory"}, 999)
+    env_id = remote.post("/create", {})["id"]
+    with pytest.raises(AgentGymError, match="call /reset first"):
+        remote.post("/step", {"action": "inventory"}, env_id)
+    with pytest.raises(AgentGymError, match=r"data_idx must be a task index in \[0, 419\)"):
+        remote.post("/reset", {"data_idx": 10_000}, env_id)
+
+
+def test_kill_a_server_mid_exploration_loses_and_repeats_nothing(textcraft, chat):
+    """Two real servers; one is SIGKILLed after the second step. Every episode ends exactly once,
+    the moved ones are counted, and the results equal an in-process run's."""
+    tasks = textcraft.task_ids("train")[:8]
+    prefix = agent_prefix(textcraft, [])
+    settings = RolloutSettings(max_steps=8)
+    expected = run_batched(
+        textcraft, tasks, NoisyExpertBackend(textcraft, chat.tokenizer), chat, prefix, settings,
+        progress=False,
+    )  # fmt: skip
+
+    doomed, survivor = EnvServer("--env", "textcraft"), EnvServer("--env", "textcraft")
+    try:
+        remote = RemoteEnv(textcraft, [doomed.url, survivor.url], FAST)
+        backend = KillAfter(NoisyExpertBackend(remote, chat.tokenizer), calls=2, server=doomed)
+        played = run_batched(remote, tasks, backend, chat, prefix, settings, progress=False)
+    finally:
+        doomed.kill()
+        survivor.kill()
+
+    assert [t.task_id for t in played] == tasks
+    assert [t.messages for t in played] == [t.messages for t in expected]
+    assert [(t.reward, t.finish_reason) for t in played] == [
+        (t.reward, t.finish_reason) for t in expected
+    ]
+    counts = ending_counts(played)
+    # Half the episodes started on the killed server; those still running when it died moved.
+    assert 1 <= counts["retried"] <= 4 and counts["recoveries"] == counts["retried"]
+    assert sum(v for k, v in counts.items() if k.startswith("ended_")) == len(tasks)
+
+
+def test_a_restarted_server_gets_the_episode_recreated_and_replayed(textcraft):
+    server = EnvServer("--env", "textcraft")
+    try:
+        remote = RemoteEnv(textcraft, [server.url], FAST)
+        task_id = textcraft.task_ids("train")[0]
+        plan = [a for _, a in textcraft.expert_plan(task_id)]
+        episode = remote.start(task_id)
+        episode.step(plan[0])
+        server.restart()  # same port, fresh process: the episode's id is gone
+        results = [episode.step(action) for action in plan[1:]]
+        assert results[-1].done and results[-1].reward == 1.0
+        assert episode.recoveries == 1
+    finally:
+        server.kill()
+
+
+def test_all_servers_gone_records_every_episode_as_lost(textcraft, chat):
+    server = EnvServer("--env", "textcraft")
+    tasks = textcraft.task_ids("train")[:3]
+    remote = RemoteEnv(textcraft, [server.url], FAST)
+    backend = KillAfter(NoisyExpertBackend(remote, chat.tokenizer), calls=1, server=server)
+    prefix = agent_prefix(textcraft, [])
+    played = run_batched(remote, tasks, backend, chat, prefix, RolloutSettings(8), progress=False)
+    assert [t.task_id for t in played] == tasks
+    assert all(t.finish_reason.startswith("lost: ServerUnavailable") for t in played)
+    with pytest.raises(EpisodesLost, match="3 of 3 episodes were lost"):
+        raise_if_lost(played, "store/run/explore/trajectories.jsonl")
+    # And a run that starts without its servers stops before any work.
+    with pytest.raises(ValueError, match=f"{server.url} is not usable"):
+        remote.check()
+
+
+def test_a_server_for_another_environment_is_refused(server):
+    from envs.scienceworld import ScienceWorldEnv
+
+    catalog = ScienceWorldEnv(["lifespan-longest-lived"], variations=1)
+    with pytest.raises(ValueError, match="serves .*'env': 'textcraft'.* this run needs"):
+        RemoteEnv(catalog, [server.url], FAST).check()
+
+
+class KillAfter:
+    """A backend that kills `server` after `calls` generate calls (a machine dying mid-run)."""
+
+    def __init__(self, backend, calls: int, server: EnvServer):
+        self.backend, self.calls, self.server = backend, calls, server
+
+    def generate(self, prompts, sampling):
+        if len(self.backend.calls) == self.calls:
+            self.server.kill()
+        return self.backend.generate(prompts, sampling)
+
+
+class FakeServer:
+    """Answers every request with `reply` (status, body), or never answers (`hang`)."""
+
+    def __init__(self, status: int = 200, body: bytes = b"", hang: bool = False):
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                if fake.hang:
+                    time.sleep(30)
+                    return
+                self.send_response(fake.status)
+                self.send_header("content-length", str(len(fake.body)))
+                self.end_headers()
+                self.wfile.write(fake.body)
+
+            do_GET = do_POST
+
+            def log_message(self, *args):
+                pass
+
+        self.status, self.body, self.hang = status, body, hang
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "message"),
+    [
+        (200, b"<html>oops</html>", "answered non-JSON: '<html>oops</html>'"),
+        (200, json.dumps({"id": 0, "reward": 0}).encode(), "lacks 'observation'"),
+        (200, json.dumps({"error": "disk full"}).encode(), "answered an error: disk full"),
+        (500, b"Internal Server Error", "answered HTTP 500"),
+    ],
+)
+def test_malformed_answers_name_the_server_and_what_came_back(status, body, message):
+    fake = FakeServer(status, body)
+    try:
+        pool = ServerPool([fake.url], DIALECTS["textcraft"], FAST)
+        with pytest.raises(AgentGymError, match=message) as error:
+            pool.servers[0].post("/step", {"action": "x"}, 0) if status == 500 else _episode(pool)
+        assert fake.url in str(error.value)
+    finally:
+        fake.close()
+
+
+def _episode(pool):
+    from envs.agentgym import RemoteEpisode
+
+    episode = RemoteEpisode(pool, "t", 0)  # create + reset
+    return episode.step("inventory")
+
+
+def test_a_hanging_server_times_out_with_a_clear_error():
+    fake = FakeServer(hang=True)
+    settings = ClientSettings(timeout_s=0.5, connect_timeout_s=0.5, retries=0, recoveries=1)
+    try:
+        pool = ServerPool([fake.url], DIALECTS["textcraft"], settings)
+        started = time.monotonic()
+        with pytest.raises(ServerUnavailable, match="no environment server could continue"):
+            _episode(pool)
+        assert time.monotonic() - started < 10  # two timed-out tries, not a stuck flow
+    finally:
+        fake.close()
+
+
+def test_server_settings_are_checked_and_kept_out_of_cache_keys():
+    from prefect.utilities.hashing import hash_objects
+
+    one = EnvSettings(servers=["http://10.0.0.1:36001"])
+    other = EnvSettings(servers=["http://10.0.0.2:36001", "http://10.0.0.3:36001"])
+    assert hash_objects(one) == hash_objects(other) == hash_objects(EnvSettings())
+    with pytest.raises(ValueError, match="must be an http:// or https:// URL"):
+        EnvSettings(servers=["10.0.0.1:36001"])
+    with pytest.raises(ValueError, match="set env.servers"):
+        EnvSettings(name="agentgym-webshop")
+    with pytest.raises(ValueError, match="set env.agentgym.train and env.agentgym.test"):
+        EnvSettings(name="agentgym-webshop", servers=["http://127.0.0.1:1"])
+
+
+def test_a_run_on_an_agentgym_server_without_expert_is_refused_before_work(server, tmp_path):
+    from flywheel.runner import preflight
+    from flywheel.settings import ETOConfig, validate_config
+
+    config = {
+        "storage_url": str(tmp_path / "store"),
+        "model": {"base": "tiny"},
+        "env": {
+            "name": "agentgym-textcraft",
+            "servers": [server.url],
+            "agentgym": {"train": [0, 4], "test": [4, 6]},
+        },
+    }
+    with pytest.raises(ConfigError, match="has no expert trajectories"):
+        preflight(validate_config(ETOConfig, config))
