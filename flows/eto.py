@@ -69,7 +69,7 @@ def run_rounds(cfg: ETOConfig, store, tracking) -> list[dict]:
         round_url = f"{run}/round-{round_no}"
         shards = shard(train_ids, cfg.explore.shards, cfg.explore.samples_per_task)
         explored = explore_stage.map(
-            store.root, policy.files["model"], cfg.env, shards, unmapped(prefix),
+            store.root, policy.files["model"], unmapped(cfg.env), shards, unmapped(prefix),
             unmapped(cfg.inference), unmapped(cfg.explore), cfg.env.max_steps,
             [cfg.seed + round_no * 1000 + i for i in range(len(shards))],
             [f"{round_url}/explore/shard-{i}" for i in range(len(shards))],
