@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r test lint bench bench-mcts services
+.PHONY: install demo demo-agent-r test lint bench bench-mcts bench-env services
 
 install:
 	bash scripts/install.sh
@@ -29,3 +29,6 @@ bench: install
 
 bench-mcts: install
 	$(PY) bench/mcts_restore.py
+
+bench-env: install
+	$(PY) bench/env_protocol.py

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -222,14 +223,69 @@ def _answer(call, *args):
         return {"error": f"{type(error).__name__}: {error}"}
 
 
+class LocalServer:
+    """`python -m envs.serve ARGS` as a child process on a loopback port (a free one unless
+    given), ready when constructed: for benchmarks, tests and single-machine fan-out."""
+
+    def __init__(self, *args: str, port: int | None = None, ready_timeout_s: float = 120) -> None:
+        import socket
+        import subprocess
+        import sys
+
+        if port is None:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+        self.args, self.port, self.url = args, port, f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "envs.serve", *args, "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._wait_ready(ready_timeout_s)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        import time
+
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server {self.args} exited: {self.process.stdout.read()}")
+            try:
+                httpx.get(f"{self.url}/flywheel", timeout=1).raise_for_status()
+                return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        self.kill()
+        raise TimeoutError(f"server {self.args} did not come up in {timeout_s} s")
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye to the clients, as when a machine dies."""
+        self.process.kill()
+        self.process.wait()
+
+    def restart(self) -> None:
+        self.kill()
+        self.__init__(*self.args, port=self.port)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m envs.serve",
+        prog="flywheel serve-env",
         description="Serve a Flywheel environment over AgentGym's HTTP protocol.",
-        epilog="Example: python -m envs.serve --env textcraft --port 36001",
+        epilog="Example: flywheel serve-env --config configs/eto_textcraft.yaml --port 36001; "
+        "then run with env.servers=[http://127.0.0.1:36001]",
     )
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--env", default="textcraft", help="environment name (default: textcraft)")
+    source.add_argument(
+        "--env",
+        default="textcraft",
+        choices=SERVABLE,
+        help="environment, with its default settings (default: textcraft)",
+    )
     source.add_argument(
         "--config", help="a recipe config: serve its `env` section (task lists then match runs)"
     )
@@ -241,23 +297,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+SERVABLE = ("textcraft", "scienceworld")
+
+
 def env_settings(args: argparse.Namespace):
     """The environment to serve: a config's `env` section (without its servers), or a name."""
-    from flywheel.settings import EnvSettings, load_config_section
+    from flywheel.settings import ConfigError, EnvSettings, load_config_section
 
     if not args.config:
         return EnvSettings(name=args.env)
     settings = load_config_section(EnvSettings, args.config, "env")
+    if settings.name not in SERVABLE:
+        raise ConfigError(f"{args.config}: env.name {settings.name!r} cannot be served here")
     return settings.model_copy(update={"servers": []})
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from envs import make_env
+    from flywheel.settings import ConfigError
 
     args = parse_args(argv)
-    env = make_env(env_settings(args))
+    try:
+        env = make_env(env_settings(args))
+        env.check()
+    except (ConfigError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     app = create_app(env, args.dialect)
     service = app.state.service
     print(
@@ -266,7 +333,8 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

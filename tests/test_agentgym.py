@@ -11,7 +11,6 @@ import time
 
 import httpx
 import pytest
-from conftest import EnvServer
 
 from envs import make_env
 from envs.agentgym import (
@@ -24,6 +23,7 @@ from envs.agentgym import (
     ServerUnavailable,
     served_task_ids,
 )
+from envs.serve import LocalServer
 from flywheel.rollout import (
     EpisodesLost,
     RolloutSettings,
@@ -45,7 +45,7 @@ def textcraft():
 
 @pytest.fixture(scope="module")
 def server():
-    server = EnvServer("--env", "textcraft")
+    server = LocalServer("--env", "textcraft")
     yield server
     server.kill()
 
@@ -104,7 +104,7 @@ def test_agentgym_client_uses_task_indices(textcraft, server):
 
 def test_webshop_dialect_round_trip(textcraft):
     """WebShop's fields (env_idx, bare-int create, [obs, null] reset, `state`) end to end."""
-    webshop = EnvServer("--env", "textcraft", "--dialect", "webshop")
+    webshop = LocalServer("--env", "textcraft", "--dialect", "webshop")
     try:
         http = httpx.Client(base_url=webshop.url)
         env_idx = http.post("/create").json()
@@ -152,7 +152,7 @@ def test_kill_a_server_mid_exploration_loses_and_repeats_nothing(textcraft, chat
         progress=False,
     )  # fmt: skip
 
-    doomed, survivor = EnvServer("--env", "textcraft"), EnvServer("--env", "textcraft")
+    doomed, survivor = LocalServer("--env", "textcraft"), LocalServer("--env", "textcraft")
     try:
         remote = RemoteEnv(textcraft, [doomed.url, survivor.url], FAST)
         backend = KillAfter(NoisyExpertBackend(remote, chat.tokenizer), calls=2, server=doomed)
@@ -173,7 +173,7 @@ def test_kill_a_server_mid_exploration_loses_and_repeats_nothing(textcraft, chat
 
 
 def test_a_restarted_server_gets_the_episode_recreated_and_replayed(textcraft):
-    server = EnvServer("--env", "textcraft")
+    server = LocalServer("--env", "textcraft")
     try:
         remote = RemoteEnv(textcraft, [server.url], FAST)
         task_id = textcraft.task_ids("train")[0]
@@ -189,7 +189,7 @@ def test_a_restarted_server_gets_the_episode_recreated_and_replayed(textcraft):
 
 
 def test_all_servers_gone_records_every_episode_as_lost(textcraft, chat):
-    server = EnvServer("--env", "textcraft")
+    server = LocalServer("--env", "textcraft")
     tasks = textcraft.task_ids("train")[:3]
     remote = RemoteEnv(textcraft, [server.url], FAST)
     backend = KillAfter(NoisyExpertBackend(remote, chat.tokenizer), calls=1, server=server)
@@ -215,7 +215,7 @@ def test_a_server_for_another_environment_is_refused(server):
 class KillAfter:
     """A backend that kills `server` after `calls` generate calls (a machine dying mid-run)."""
 
-    def __init__(self, backend, calls: int, server: EnvServer):
+    def __init__(self, backend, calls: int, server: LocalServer):
         self.backend, self.calls, self.server = backend, calls, server
 
     def generate(self, prompts, sampling):

@@ -8,8 +8,8 @@ checked is that every stage runs on the new environment and what it stores.
 from __future__ import annotations
 
 import pytest
-from conftest import EnvServer
 
+from envs.serve import LocalServer
 from flows.eto import eto
 from flywheel.inference import release_vllm
 from flywheel.records import Trajectory
@@ -35,7 +35,7 @@ def run(tmp_path_factory, tiny_model_dir):
         "env:\n  name: scienceworld\n  scienceworld:\n"
         "    task_names: [lifespan-longest-lived]\n    variations: 3\n"
     )
-    server = EnvServer("--config", str(served))
+    server = LocalServer("--config", str(served))
     config = {
         "run_name": "eto-sw",
         "storage_url": str(root / "store"),

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import EnvServer
 
 from envs.agentgym import ClientSettings, RemoteEnv, served_task_ids
 from envs.scienceworld import ScienceWorldEnv, parse_task_id
+from envs.serve import LocalServer
 
 TASK = "lifespan-longest-lived"  # gold paths of 6 steps
 
@@ -77,7 +77,7 @@ def test_served_over_the_sciworld_protocol(env, tmp_path):
     config = tmp_path / "sw.yaml"
     config.write_text(f"env:\n  name: scienceworld\n  scienceworld:\n    task_names: [{TASK}]\n"
                       "    variations: 3\n")  # fmt: skip
-    server = EnvServer("--config", str(config))
+    server = LocalServer("--config", str(config))
     try:
         http = httpx.Client(base_url=server.url, timeout=30)
         env_id = http.post("/create").json()["id"]
