@@ -247,6 +247,14 @@ class RemoteEpisode(Episode):
     def __post_init__(self) -> None:
         self._with_recovery(lambda: None)
 
+    @property
+    def server(self) -> Server | None:
+        return self._remote.server if self._remote else None
+
+    @property
+    def env_id(self) -> int | None:
+        return self._remote.env_id if self._remote else None
+
     def step(self, action: str) -> StepResult:
         result = self._with_recovery(lambda: self._step_on_server(action))
         self._actions.append(action)
@@ -307,6 +315,22 @@ class RemoteEpisode(Episode):
             remote.server, self.pool.dialect.parse_step, answer, remote.score
         )
         return result
+
+    def settle(self, action: str, answer: Any) -> StepResult:
+        """Take a step its server already answered (in a batched request, `RemoteEnv.step_all`)."""
+        remote = self._remote
+        result, remote.score = _parsed(
+            remote.server, self.pool.dialect.parse_step, answer, remote.score
+        )
+        self._actions.append(action)
+        self._results.append(result)
+        return result
+
+    def abandon_server(self) -> None:
+        """Its server failed mid-request, so the episode's state there is unknown: the next step
+        re-creates it elsewhere and replays it."""
+        self._drop_remote()
+        self.recoveries += 1
 
     def _drop_remote(self) -> None:
         remote, self._remote = self._remote, None
@@ -405,6 +429,49 @@ class RemoteEnv(Environment):
 
     def task_ids(self, split: Split) -> list[str]:
         return self.catalog.task_ids(split)
+
+    def step_all(self, moves: list[tuple[Episode, str]]) -> list[StepResult | Exception]:
+        """One `POST /flywheel/step` per server for all its episodes' steps; whatever that does
+        not settle (an error answer, a failed server) goes the one-step way, with recovery."""
+        results: list[StepResult | Exception | None] = [None] * len(moves)
+        groups: dict[Server, list[int]] = {}
+        for k, (episode, _) in enumerate(moves):
+            if episode.server is not None:
+                groups.setdefault(episode.server, []).append(k)
+
+        def step_on(group: tuple[Server, list[int]]) -> None:
+            server, ks = group
+            answers = self._batch(server, [moves[k] for k in ks])
+            for k, answer in zip(ks, answers, strict=True):
+                if answer is not None:
+                    try:
+                        results[k] = moves[k][0].settle(moves[k][1], answer)
+                    except AgentGymError as error:
+                        results[k] = error
+
+        list(self._step_pool.map(step_on, groups.items()))
+        rest = [k for k, result in enumerate(results) if result is None]
+        for k, result in zip(rest, super().step_all([moves[k] for k in rest]), strict=True):
+            results[k] = result
+        return results
+
+    def _batch(self, server: Server, moves: list[tuple[RemoteEpisode, str]]) -> list[Any]:
+        """The servers' answers to `moves`, None where a move still has to be made."""
+        id_field = self.pool.dialect.id_field
+        bodies = [{id_field: episode.env_id, "action": action} for episode, action in moves]
+        try:
+            answer = server.post("/flywheel/step", {"steps": bodies})
+            answers = answer["results"] if isinstance(answer, dict) else None
+        except ServerUnavailable:
+            for episode, _ in moves:
+                episode.abandon_server()  # some steps may have been taken there
+            return [None] * len(moves)
+        except (AgentGymError, LostEpisode):
+            answers = None  # not a Flywheel server after all: step one by one
+        if not isinstance(answers, list) or len(answers) != len(moves):
+            return [None] * len(moves)
+        # An error answer means the step was not taken there (unknown id, finished episode).
+        return [None if isinstance(a, dict) and "error" in a else a for a in answers]
 
     def start(self, task_id: str) -> Episode:
         if task_id not in self._index:

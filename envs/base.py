@@ -7,7 +7,9 @@ independent objects (no shared mutable state between two episodes of the same en
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -73,6 +75,17 @@ class Environment(ABC):
     def start(self, task_id: str) -> Episode:
         """Start a fresh episode of `task_id`; raises KeyError for an unknown id."""
 
+    def step_all(self, moves: list[tuple[Episode, str]]) -> list[StepResult | Exception]:
+        """One action for each of many episodes; a step that raised gives its exception in its
+        place. In `step_workers` threads when the environment allows it."""
+        if self.step_workers == 1 or len(moves) < 2:
+            return [_step_or_error(move) for move in moves]
+        return list(self._step_pool.map(_step_or_error, moves))
+
+    @functools.cached_property
+    def _step_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(self.step_workers, thread_name_prefix=f"{self.name}-step")
+
     def expert_plan(self, task_id: str) -> list[tuple[str, str]] | None:
         """(thought, action) steps an expert takes on `task_id`, or None without an expert."""
         return None
@@ -86,3 +99,11 @@ class Environment(ABC):
         a mistake, i.e. does it make the goal unreachable or waste the step? None when the
         environment has no such oracle."""
         return None
+
+
+def _step_or_error(move: tuple[Episode, str]) -> StepResult | Exception:
+    episode, action = move
+    try:
+        return episode.step(action)
+    except Exception as error:  # reported in place: one episode's failure is not the others'
+        return error

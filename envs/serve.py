@@ -6,8 +6,9 @@
 AgentGym's own clients can use it (TextCraft and SciWorld servers' fields; `--dialect webshop`
 speaks WebShop's), and so can Flywheel's (`env.servers` in a recipe config). `data_idx` indexes
 the environment's train tasks followed by its test tasks. Beyond AgentGym's endpoints it answers
-`GET /flywheel` (environment, dialect, a digest of the task list: clients check they agree) and
-`GET /tasks` (the task ids in `data_idx` order). Errors come back as HTTP 200 with an `error`
+`GET /flywheel` (environment, dialect, a digest of the task list: clients check they agree),
+`GET /tasks` (the task ids in `data_idx` order) and `POST /flywheel/step` (many sessions' steps in
+one request: `{"steps": [<a /step body>, ...]}` answers `{"results": [<its /step answer>, ...]}`). Errors come back as HTTP 200 with an `error`
 field, as AgentGym's servers do. Bound to 127.0.0.1 unless `--host` says otherwise: the protocol
 has no authentication.
 """
@@ -15,10 +16,12 @@ has no authentication.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +129,21 @@ class EnvService:
             answer["score"] = session.score
         return answer
 
+    def step_many(self, body: dict) -> dict:
+        """Flywheel's extension: many sessions' `/step` bodies in one request (a lockstep rollout
+        steps all its episodes on a server at once), each answered as `/step` would answer it."""
+        steps = body.get("steps")
+        if not isinstance(steps, list):
+            raise _ClientError("'steps' must be a list of /step request bodies")
+        step = functools.partial(_answer, self.step)
+        if self.env.step_workers == 1 or len(steps) < 2:
+            return {"results": [step(b) for b in steps]}
+        return {"results": list(self._pool.map(step, steps))}
+
+    @functools.cached_property
+    def _pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(self.env.step_workers, thread_name_prefix="env-step")
+
     def observation(self, query: dict) -> str:
         return self._session(query)[1].observation
 
@@ -206,6 +224,7 @@ def create_app(env: Environment, dialect: str | None = None):
         Route("/reset", endpoint(service.reset), methods=["POST"]),
         Route("/step", endpoint(service.step), methods=["POST"]),
         Route("/close", endpoint(service.close), methods=["POST"]),
+        Route("/flywheel/step", endpoint(service.step_many), methods=["POST"]),
         Route("/observation", endpoint(service.observation, "query"), methods=["GET"]),
         Route("/detail", endpoint(service.detail, "query"), methods=["GET"]),
     ]

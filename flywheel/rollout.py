@@ -8,6 +8,7 @@ work, kept for the benchmark.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,8 +17,14 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
-from envs.base import Environment, EnvironmentUnavailable, Episode
-from flywheel.chat import ChatTokenizer, format_observation, format_reply, parse_reply
+from envs.base import Environment, EnvironmentUnavailable, Episode, StepResult
+from flywheel.chat import (
+    ChatTokenizer,
+    ParsedReply,
+    format_observation,
+    format_reply,
+    parse_reply,
+)
 from flywheel.inference import InferenceBackend, OpenAIBackend, SamplingSettings, shared_vllm
 from flywheel.records import EpisodeStats, Manifest, Message, Trajectory
 from flywheel.settings import EnvSettings
@@ -86,7 +93,7 @@ class _Live:
     finish_reason: str = ""
 
 
-def _start(env: Environment, task_id: str, prefix: list[Message], prefix_ids, chat) -> _Live:
+def _start(env: Environment, task_id: str, *, prefix: list[Message], prefix_ids, chat) -> _Live:
     try:
         episode = env.start(task_id)
     except EnvironmentUnavailable as error:  # no server could start it: recorded, not raised
@@ -106,34 +113,36 @@ def run_batched(
 ) -> list[Trajectory]:
     """All episodes advance together: one `generate` call per step over the unfinished ones.
 
-    Environments that step in parallel (`step_workers` > 1: remote servers, ScienceWorld's
-    Java processes) get their starts and steps from a thread pool. Every task yields exactly one
-    trajectory, also when its episode could not start or its server was lost ("error: ...").
+    The environment steps all live episodes at once (`Environment.step_all`: in threads, or one
+    request per server for remote ones). Every task yields exactly one trajectory, also when its
+    episode could not start or its server was lost ("lost: ...").
     """
     prefix_ids, _ = chat.encode(prefix)
-    workers = getattr(env, "step_workers", 1)
-    with ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
-        each = pool.map if pool else map
-        states = list(each(lambda t: _start(env, t, prefix, prefix_ids, chat), task_ids))
-        live = [s for s in states if not s.finish_reason]
-        bar = tqdm(total=len(states), desc=f"{env.name} episodes", unit="ep", disable=not progress)
-        bar.update(len(states) - len(live))
-        step = 0
-        while live:
-            step += 1
-            prompts = [state.ids + chat.header_ids for state in live]
-            generations = backend.generate(prompts, settings.sampling)
-            list(each(
-                lambda pair: _advance(chat, pair[0], pair[1].text, pair[1].token_ids, settings),
-                zip(live, generations, strict=True),
-            ))  # fmt: skip
-            for state in live:
-                if state.finish_reason:
-                    state.episode.close()
-                    bar.update(1)
-            live = [state for state in live if not state.finish_reason]
-            bar.set_postfix(step=step, live=len(live))
-        bar.close()
+    with ThreadPoolExecutor(env.step_workers) if env.step_workers > 1 else nullcontext() as pool:
+        start = functools.partial(_start, env, prefix=prefix, prefix_ids=prefix_ids, chat=chat)
+        states = list((pool.map if pool else map)(start, task_ids))
+    live = [s for s in states if not s.finish_reason]
+    bar = tqdm(total=len(states), desc=f"{env.name} episodes", unit="ep", disable=not progress)
+    bar.update(len(states) - len(live))
+    step = 0
+    while live:
+        step += 1
+        prompts = [state.ids + chat.header_ids for state in live]
+        generations = backend.generate(prompts, settings.sampling)
+        replies = [
+            _reply(chat, state, g.text, g.token_ids)
+            for state, g in zip(live, generations, strict=True)
+        ]
+        moves = [(s.episode, r.action) for s, r in zip(live, replies, strict=True) if r.action]
+        results = iter(env.step_all(moves))  # all episodes' steps at once, in order
+        for state, reply in zip(live, replies, strict=True):
+            _observe(chat, state, next(results) if reply.action else reply.error, settings)
+            if state.finish_reason:
+                state.episode.close()
+                bar.update(1)
+        live = [state for state in live if not state.finish_reason]
+        bar.set_postfix(step=step, live=len(live))
+    bar.close()
     return [_to_trajectory(env, s, len(prefix)) for s in states]
 
 
@@ -145,20 +154,23 @@ def run_sequential(env, task_ids, backend, chat, prefix, settings) -> list[Traje
     return out
 
 
-def _advance(chat, state: _Live, text: str, token_ids: list[int], settings) -> None:
+def _reply(chat, state: _Live, text: str, token_ids: list[int]) -> ParsedReply:
+    """Add the model's reply to the episode and parse it (its action, or what is wrong)."""
     reply = Message(role="assistant", content=text, loss=True, token_ids=chat.strip_end(token_ids))
     state.messages.append(reply)
     state.ids += chat.message_ids(reply)[0]
     state.steps += 1
-    parsed = parse_reply(text)
-    if parsed.action is None:
-        observation, done = parsed.error, False
-    else:
-        try:
-            result = state.episode.step(parsed.action)
-        except Exception as error:  # the environment failed: record it, keep the others going
-            state.finish_reason = _error_reason(error)
-            return
+    return parse_reply(text)
+
+
+def _observe(chat, state: _Live, result: StepResult | Exception | str, settings) -> None:
+    """What came back: the step's result, the step's error, or the format hint (no action)."""
+    if isinstance(result, Exception):  # recorded; the other episodes go on
+        state.finish_reason = _error_reason(result)
+        return
+    done = False
+    observation = result
+    if isinstance(result, StepResult):
         observation, done = result.observation, result.done
         state.reward += result.reward
     if done:
