@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r test lint bench bench-mcts bench-env services
+.PHONY: install demo demo-agent-r demo-scienceworld test lint bench bench-mcts bench-env services
 
 install:
 	bash scripts/install.sh
@@ -32,3 +32,6 @@ bench-mcts: install
 
 bench-env: install
 	$(PY) bench/env_protocol.py
+
+demo-scienceworld: install
+	$(PY) -m flows.eto --config configs/eto_scienceworld.yaml

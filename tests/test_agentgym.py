@@ -325,3 +325,31 @@ def test_a_run_on_an_agentgym_server_without_expert_is_refused_before_work(serve
     }
     with pytest.raises(ConfigError, match="has no expert trajectories"):
         preflight(validate_config(ETOConfig, config))
+
+
+def test_batched_steps_answer_each_entry_and_recover_after_a_restart(textcraft):
+    server = LocalServer("--env", "textcraft")
+    try:
+        http = httpx.Client(base_url=server.url)
+        env_id = http.post("/create").json()["id"]
+        http.post("/reset", json={"id": env_id, "data_idx": 0})
+        steps = [{"id": 999, "action": "inventory"}, {"id": env_id, "action": "inventory"}]
+        results = http.post("/flywheel/step", json={"steps": steps}).json()["results"]
+        assert "unknown environment id 999" in results[0]["error"]
+        assert results[1]["observation"].startswith("Inventory")
+
+        remote = RemoteEnv(textcraft, [server.url], FAST)
+        tasks = textcraft.task_ids("train")[:2]
+        plans = [[a for _, a in textcraft.expert_plan(t)] for t in tasks]
+        episodes = [remote.start(t) for t in tasks]
+        remote.step_all([(e, p[0]) for e, p in zip(episodes, plans, strict=True)])
+        server.restart()
+        last = [None, None]
+        for k in range(1, max(map(len, plans))):
+            moves = [(e, p[k]) for e, p in zip(episodes, plans, strict=True) if k < len(p)]
+            for (episode, _), result in zip(moves, remote.step_all(moves), strict=True):
+                last[episodes.index(episode)] = result
+        assert all(r.done and r.reward == 1.0 for r in last)
+        assert [e.recoveries for e in episodes] == [1, 1]
+    finally:
+        server.kill()
