@@ -353,3 +353,16 @@ def test_batched_steps_answer_each_entry_and_recover_after_a_restart(textcraft):
         assert [e.recoveries for e in episodes] == [1, 1]
     finally:
         server.kill()
+
+
+def test_serve_env_refuses_bad_settings_before_serving(tmp_path, capsys):
+    from flywheel.cli import main
+
+    config = tmp_path / "bad.yaml"
+    config.write_text("env:\n  name: scienceworld\n  scienceworld:\n    task_names: [nope]\n")
+    assert main(["serve-env", "--config", str(config)]) == 2
+    assert "unknown ScienceWorld task names ['nope']" in capsys.readouterr().err
+    config.write_text("env:\n  name: textcraft\n  max_steps: 0\n")
+    assert main(["serve-env", "--config", str(config)]) == 2
+    assert "section 'env'" in (err := capsys.readouterr().err) and "max_steps" in err
+    assert main([]) == 2 and "serve-env" in capsys.readouterr().out
