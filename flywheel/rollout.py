@@ -299,6 +299,9 @@ def rollout_to_store(
     seconds = time.perf_counter() - started
     url = store.write_records(f"{out_url}/trajectories.jsonl", trajectories)
     raise_if_lost(trajectories, url)
+    endings = ending_counts(trajectories)
+    if endings["retried"]:
+        print(f"{stage}: {endings['retried']} episodes moved to another environment server")
     stats = EpisodeStats.of(trajectories)
     generated = sum(len(m.token_ids or ()) for t in trajectories for m in t.messages)
     return store.publish(
@@ -309,7 +312,7 @@ def rollout_to_store(
             counts={
                 "episodes": stats.episodes,
                 "successes": stats.successes,
-                **ending_counts(trajectories),
+                **endings,
             },
             metrics={
                 "success_rate": stats.success_rate,
