@@ -37,6 +37,10 @@ from envs.base import Environment, EnvironmentUnavailable, Episode, Split, StepR
 class AgentGymError(RuntimeError):
     """A server answered, but not with what the protocol promises (or with an `error` field)."""
 
+    def __init__(self, message: str, status: int = 200) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status it came with
+
 
 class ServerUnavailable(EnvironmentUnavailable):
     """No server could be reached (or answered in time) to run the request."""
@@ -46,8 +50,9 @@ class LostEpisode(RuntimeError):
     """The server no longer knows the episode (it restarted)."""
 
 
-# Phrases AgentGym-style servers use when an id is unknown (Flywheel's server says the first).
-_UNKNOWN_ID_PHRASES = ("unknown environment id", "is not valid", "not exist", "has been deleted")
+# What Flywheel's server answers for an id it does not know (it restarted). Matched exactly:
+# a looser match would turn an environment's own errors into endless recoveries.
+_UNKNOWN_ID = "unknown environment id"
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,7 @@ class ClientSettings:
     connect_timeout_s: float = 5.0
     retries: int = 3  # per request, on connection errors, with back-off 0.2 s, 0.4 s, 0.8 s, ...
     backoff_s: float = 0.2
-    recoveries: int = 3  # per episode: re-create on a live server and replay, this many times
+    recoveries: int = 3  # per episode: failed tries (each followed by re-create and replay)
     down_for_s: float = 5.0  # a failed server is skipped this long before it is tried again
 
 
@@ -177,9 +182,13 @@ class Server:
 
     def _answer(self, path: str, response: httpx.Response) -> Any:
         where = f"{self.url}{path}"
+        if response.status_code in (502, 503, 504):  # a proxy or balancer without its server
+            self.down_until = time.monotonic() + self.settings.down_for_s
+            raise ServerUnavailable(f"{where} answered HTTP {response.status_code}")
         if response.status_code != 200:
             raise AgentGymError(
-                f"{where} answered HTTP {response.status_code}: {response.text[:200]}"
+                f"{where} answered HTTP {response.status_code}: {response.text[:200]}",
+                response.status_code,
             )
         try:
             answer = response.json()
@@ -187,7 +196,7 @@ class Server:
             raise AgentGymError(f"{where} answered non-JSON: {response.text[:120]!r}") from None
         if isinstance(answer, dict) and "error" in answer:
             message = str(answer["error"])
-            if any(phrase in message.lower() for phrase in _UNKNOWN_ID_PHRASES):
+            if message.startswith(_UNKNOWN_ID):
                 raise LostEpisode(f"{where}: {message}")
             raise AgentGymError(f"{where} answered an error: {message}")
         return answer
@@ -239,7 +248,8 @@ class RemoteEpisode(Episode):
     task_id: str
     index: int
     instruction: str = ""
-    recoveries: int = 0  # times this episode was re-created on a server and replayed
+    recoveries: int = 0  # times this episode, already running, was re-created and replayed
+    _failures: int = 0  # failed tries of any request, against ClientSettings.recoveries
     _actions: list[str] = field(default_factory=list)
     _results: list[StepResult] = field(default_factory=list)
     _remote: _Remote | None = None
@@ -270,34 +280,43 @@ class RemoteEpisode(Episode):
                 remote.server.post("/close", {}, remote.env_id)
 
     def _with_recovery(self, request: Callable[[], StepResult | None]) -> Any:
-        last_error: Exception | None = None
-        for attempt in range(self.pool.settings.recoveries + 1):
+        """`request()` on the episode's server; when that server is unreachable or forgot the
+        episode, re-create it on a live one (replaying its steps) and try again, within the
+        episode's budget of `ClientSettings.recoveries` failures."""
+        while True:
             try:
                 if self._remote is None:
                     self._open()
                 return request()
             except (ServerUnavailable, LostEpisode) as error:
+                was_running = self._remote is not None or bool(self._actions)
                 self._drop_remote()  # a failed server sits out `down_for_s`; see ServerPool
-                last_error = error
-                if attempt < self.pool.settings.recoveries:
-                    self.recoveries += 1
-        raise ServerUnavailable(
-            f"task {self.task_id}: no environment server could continue the episode after "
-            f"{self.recoveries} recoveries; last error: {last_error}"
-        )
+                self._failures += 1
+                if self._failures > self.pool.settings.recoveries:
+                    raise ServerUnavailable(
+                        f"task {self.task_id}: no environment server could continue the "
+                        f"episode after {self._failures} failed tries; last error: {error}"
+                    ) from None
+                self.recoveries += was_running
 
     def _open(self) -> None:
         server = self.pool.assign()
         dialect = self.pool.dialect
         try:
             env_id = _parsed(server, dialect.parse_id, server.post("/create", {}))
-            self._remote = _Remote(server, env_id)
-            answer = server.post("/reset", {dialect.reset_index_field: self.index}, env_id)
         except BaseException:
-            if self._remote is None:
-                self.pool.release(server)
+            self.pool.release(server)
             raise
-        observation = _parsed(server, dialect.first_observation, answer)
+        self._remote = _Remote(server, env_id)
+        try:
+            answer = server.post("/reset", {dialect.reset_index_field: self.index}, env_id)
+            self._replay(server, _parsed(server, dialect.first_observation, answer))
+        except AgentGymError:
+            self.close()  # not recoverable: free the server's session now
+            raise
+
+    def _replay(self, server: Server, observation: str) -> None:
+        """Bring a fresh server-side episode to where this one was, checking every answer."""
         if self.instruction and observation != self.instruction:
             raise AgentGymError(f"{server.url}: task {self.task_id} starts differently on replay")
         self.instruction = observation
@@ -328,8 +347,9 @@ class RemoteEpisode(Episode):
 
     def abandon_server(self) -> None:
         """Its server failed mid-request, so the episode's state there is unknown: the next step
-        re-creates it elsewhere and replays it."""
+        re-creates it on a live server and replays it."""
         self._drop_remote()
+        self._failures += 1
         self.recoveries += 1
 
     def _drop_remote(self) -> None:
@@ -461,14 +481,16 @@ class RemoteEnv(Environment):
         bodies = [{id_field: episode.env_id, "action": action} for episode, action in moves]
         try:
             answer = server.post("/flywheel/step", {"steps": bodies})
-            answers = answer["results"] if isinstance(answer, dict) else None
-        except ServerUnavailable:
-            for episode, _ in moves:
-                episode.abandon_server()  # some steps may have been taken there
-            return [None] * len(moves)
-        except (AgentGymError, LostEpisode):
-            answers = None  # not a Flywheel server after all: step one by one
+        except AgentGymError as error:
+            if error.status in (404, 405):  # not a Flywheel server after all: one by one
+                return [None] * len(moves)
+            answer = None  # it failed somewhere in the batch: which steps were taken is unknown
+        except (ServerUnavailable, LostEpisode):
+            answer = None
+        answers = answer.get("results") if isinstance(answer, dict) else None
         if not isinstance(answers, list) or len(answers) != len(moves):
+            for episode, _ in moves:
+                episode.abandon_server()  # re-created elsewhere and replayed, checked
             return [None] * len(moves)
         # An error answer means the step was not taken there (unknown id, finished episode).
         return [None if isinstance(a, dict) and "error" in a else a for a in answers]

@@ -19,6 +19,7 @@ variation, so plans are cached in `cache_dir` (a JSON file per simplification se
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -81,18 +82,28 @@ class ScienceWorldEpisode(Episode):
             description = self._world.get_task_description()
             observation, _, _, _ = self._world.step("look around")
         except BaseException:
-            _pool.give_back(self._world)
+            with contextlib.suppress(Exception):  # it may be the process that failed
+                self._world.close()
             raise
         self.instruction = f"{description}\n{observation}"
-        self._closed = False
+        self._closed = self._broken = False
 
     def step(self, action: str) -> StepResult:
-        observation, reward, done, info = self._world.step(action)
+        try:
+            observation, reward, done, info = self._world.step(action)
+        except Exception:
+            self._broken = True  # the Java side failed: this process is not reused
+            raise
         return StepResult(observation=observation, reward=float(reward), done=bool(done))
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
+        if self._closed:
+            return
+        self._closed = True
+        if self._broken:
+            with contextlib.suppress(Exception):
+                self._world.close()
+        else:
             _pool.give_back(self._world)
 
 

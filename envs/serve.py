@@ -86,8 +86,9 @@ class EnvService:
                 f"{self.dialect.reset_index_field} must be a task index in [0, {len(self.tasks)})"
             )
         with session.lock:
-            if session.episode is not None:
-                session.episode.close()
+            old, session.episode = session.episode, None  # none while the new one starts
+            if old is not None:
+                old.close()
             session.episode = self.env.start(self.tasks[index])
             session.observation, session.score, session.done = (
                 session.episode.instruction,

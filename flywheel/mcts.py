@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from tqdm import tqdm
 
-from envs.base import Environment, Episode
+from envs.base import Environment, EnvironmentUnavailable, Episode
 from flywheel.chat import ChatTokenizer, format_observation, parse_reply
 from flywheel.inference import Generation, InferenceBackend, SamplingSettings
 from flywheel.records import Message, Trajectory
@@ -293,7 +293,9 @@ def _child(env, chat, s: _Search, parent: TreeNode, generation: Generation, limi
     tree.nodes.append(child)
     try:
         observation, reward, done, snapshot = _step(env, s, parent, child.action)
-    except Exception as error:  # a remote environment failed: this branch ends here
+    except EnvironmentUnavailable:
+        raise  # no server to play on says nothing about the branch: the stage fails, re-run
+    except Exception as error:  # the environment failed on this action: the branch ends here
         child.finish = f"error: {type(error).__name__}: {error}"
     else:
         child.observation = observation

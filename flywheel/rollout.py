@@ -91,13 +91,14 @@ class _Live:
     reward: float = 0.0
     steps: int = 0
     finish_reason: str = ""
+    error: Exception | None = None  # why the episode could not start
 
 
 def _start(env: Environment, task_id: str, *, prefix: list[Message], prefix_ids, chat) -> _Live:
     try:
         episode = env.start(task_id)
-    except EnvironmentUnavailable as error:  # no server could start it: recorded, not raised
-        return _Live(task_id, None, list(prefix), finish_reason=_error_reason(error))
+    except Exception as error:  # see run_batched: lost ones are recorded, others raised
+        return _Live(task_id, None, list(prefix), finish_reason=_error_reason(error), error=error)
     first = Message(role="user", content=episode.instruction)
     return _Live(task_id, episode, prefix + [first], prefix_ids + chat.message_ids(first)[0])
 
@@ -122,8 +123,25 @@ def run_batched(
         start = functools.partial(_start, env, prefix=prefix, prefix_ids=prefix_ids, chat=chat)
         states = list((pool.map if pool else map)(start, task_ids))
     live = [s for s in states if not s.finish_reason]
-    bar = tqdm(total=len(states), desc=f"{env.name} episodes", unit="ep", disable=not progress)
-    bar.update(len(states) - len(live))
+    failed = [
+        s.error for s in states if s.error and not isinstance(s.error, EnvironmentUnavailable)
+    ]
+    if failed:  # an episode that cannot start is a bug or a broken setup, not the agent's doing
+        for state in live:
+            state.episode.close()
+        raise failed[0]
+    try:
+        _play(env, live, backend, chat, settings, progress, total=len(states))
+    finally:  # also when generation fails: the environment's sessions are freed
+        for state in live:
+            if not state.finish_reason:
+                state.episode.close()
+    return [_to_trajectory(env, s, len(prefix)) for s in states]
+
+
+def _play(env, live: list[_Live], backend, chat, settings, progress: bool, total: int) -> None:
+    bar = tqdm(total=total, desc=f"{env.name} episodes", unit="ep", disable=not progress)
+    bar.update(total - len(live))
     step = 0
     while live:
         step += 1
@@ -143,7 +161,6 @@ def run_batched(
         live = [state for state in live if not state.finish_reason]
         bar.set_postfix(step=step, live=len(live))
     bar.close()
-    return [_to_trajectory(env, s, len(prefix)) for s in states]
 
 
 def run_sequential(env, task_ids, backend, chat, prefix, settings) -> list[Trajectory]:
@@ -279,7 +296,7 @@ def rollout_to_store(
 ) -> Manifest:
     """Roll the model out on `task_ids`, store the trajectories and publish their statistics."""
     inputs = {
-        "stage": stage, "model": model_url, "env": env_settings, "tasks": task_ids, "prefix": prefix,
+        "stage": stage, "model": model_url, "env": env_settings.identity(), "tasks": task_ids, "prefix": prefix,
         "inference": inference, "max_steps": max_steps, "sampling": asdict(sampling),
     }  # fmt: skip
     if (done := store.manifest(out_url, inputs)) is not None:

@@ -106,12 +106,12 @@ class EnvSettings(Strict):
     # untrained model. Trained models are prompted as they were trained, without them: SFT
     # leaves examples out, and a model shown a prompt it never trained on does much worse.
     few_shot: int = Field(default=1, ge=0)
-    # Environment servers speaking AgentGym's protocol (`python -m envs.serve`, or AgentGym's
+    # Environment servers speaking AgentGym's protocol (`flywheel serve-env`, or AgentGym's
     # own for `agentgym-*`). Empty: episodes run in this process. Episodes are spread over the
     # servers and move to another one when theirs dies. Where episodes run does not change
-    # their results, so servers (and the client's timeouts) are left out of cache keys.
-    servers: list[str] = Field(default_factory=list, exclude=True)
-    request_timeout_s: float = Field(default=60.0, gt=0, exclude=True)
+    # their results, so servers (and the client's timeout) are not part of `identity()`.
+    servers: list[str] = Field(default_factory=list)
+    request_timeout_s: float = Field(default=60.0, gt=0)
     scienceworld: ScienceWorldSettings = Field(default_factory=ScienceWorldSettings)
     agentgym: AgentGymTasks = Field(default_factory=AgentGymTasks)
 
@@ -129,6 +129,17 @@ class EnvSettings(Strict):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"server {url!r} must be an http:// or https:// URL")
         return value
+
+    def identity(self) -> dict:
+        """What defines the environment's tasks and episodes, and so what stage caches are keyed
+        on: not the servers episodes run on, nor how many tasks a run takes (stages get their
+        task lists and step limits as inputs of their own)."""
+        identity: dict = {"name": self.name}
+        if self.name == "scienceworld":
+            identity["scienceworld"] = self.scienceworld.model_dump()
+        if self.name.startswith("agentgym-"):
+            identity["agentgym"] = self.agentgym.model_dump()
+        return identity
 
     @model_validator(mode="after")
     def _agentgym_needs_servers(self) -> EnvSettings:

@@ -1,7 +1,8 @@
 """What every stage task receives besides its inputs: where to store and where to track.
 
 `tracking` is left out of Prefect's cache key (`STAGE_CACHE`), so a re-run with a
-new MLflow parent run still hits the cache of every finished stage.
+new MLflow parent run still hits the cache of every finished stage; `env` enters it only through
+`EnvSettings.identity()`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,16 @@ class StoreIdentity(CachePolicy):
         return hash_objects(store.identity(store.top_folder(inputs.get("out_url") or "")))
 
 
-STAGE_CACHE = (INPUTS + TASK_SOURCE) - "tracking" + StoreIdentity()
+class EnvIdentity(CachePolicy):
+    """Keys a stage's cache on `env.identity()` instead of all environment settings: which
+    servers episodes ran on, or how many tasks the run took, does not change a stage's result."""
+
+    def compute_key(self, task_ctx, inputs, flow_parameters, **kwargs) -> str | None:
+        env = inputs.get("env")
+        return hash_objects(env.identity()) if env is not None else None
+
+
+STAGE_CACHE = (INPUTS + TASK_SOURCE) - "tracking" - "env" + StoreIdentity() + EnvIdentity()
 
 
 class TrackingRef(BaseModel):

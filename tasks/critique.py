@@ -184,7 +184,7 @@ def critique_stage(
 ) -> Manifest:
     store = store_for(store_url)
     inputs = {
-        "model": model_url, "env": env, "trees": trees_url, "pairs": pairs_url,
+        "model": model_url, "env": env.identity(), "trees": trees_url, "pairs": pairs_url,
         "inference": inference, "settings": settings,
     }  # fmt: skip
     if (done := store.manifest(out_url, inputs)) is not None:

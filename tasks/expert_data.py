@@ -38,7 +38,12 @@ def expert_data_stage(
     expert_file: str | None = None,
 ) -> Manifest:
     store = store_for(store_url)
-    inputs = {"env": env, "tasks": task_ids, "prefix": prefix, "expert_file": expert_file}
+    inputs = {
+        "env": env.identity(),
+        "tasks": task_ids,
+        "prefix": prefix,
+        "expert_file": expert_file,
+    }
     if (done := store.manifest(out_url, inputs)) is not None:
         return done
     if expert_file:

@@ -59,7 +59,7 @@ def mcts_stage(
 ) -> Manifest:
     store = store_for(store_url)
     inputs = {
-        "model": model_url, "env": env, "tasks": task_ids, "prefix": prefix,
+        "model": model_url, "env": env.identity(), "tasks": task_ids, "prefix": prefix,
         "inference": inference, "settings": settings, "seed": seed,
     }  # fmt: skip
     if (done := store.manifest(out_url, inputs)) is not None:

@@ -137,7 +137,7 @@ def splice_stage(
 ) -> Manifest:
     store = store_for(store_url)
     inputs = {
-        "env": env, "trees": trees_url, "paths": paths.files, "critiques": critiques_url,
+        "env": env.identity(), "trees": trees_url, "paths": paths.files, "critiques": critiques_url,
         "prefix": prefix, "mode": mode, "include_good": include_good, "seed": seed,
     }  # fmt: skip
     if (done := store.manifest(out_url, inputs)) is not None:
