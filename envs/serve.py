@@ -21,6 +21,7 @@ import itertools
 import json
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,13 +37,17 @@ class _Session:
     score: float = 0.0
     done: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    last_used: float = field(default_factory=time.monotonic)
 
 
 class EnvService:
     """The protocol's state machine, independent of the web framework (and tested as such)."""
 
-    def __init__(self, env: Environment, dialect: str) -> None:
+    def __init__(self, env: Environment, dialect: str, session_ttl_s: float = 3600) -> None:
         self.env = env
+        # A client that lost track of a session (it timed out and moved the episode elsewhere)
+        # never closes it: sessions idle this long are closed when the next one is created.
+        self.session_ttl_s = session_ttl_s
         self.dialect = DIALECTS[dialect]
         self.tasks = served_task_ids(env)
         self.digest = tasks_digest(self.tasks)
@@ -68,6 +73,13 @@ class EnvService:
         with self._lock:
             env_id = next(self._ids)
             self._sessions[env_id] = _Session()
+            cutoff = time.monotonic() - self.session_ttl_s
+            idle = [i for i, s in self._sessions.items() if s.last_used < cutoff]
+            expired = [self._sessions.pop(i) for i in idle]
+        for session in expired:
+            with session.lock:
+                if session.episode is not None:
+                    session.episode.close()
         if self.dialect.name == "webshop":
             return env_id
         if self.dialect.name == "sciworld":
@@ -173,6 +185,7 @@ class EnvService:
         session = self._sessions.get(env_id)
         if session is None:
             raise _ClientError(f"unknown environment id {env_id} (the server may have restarted)")
+        session.last_used = time.monotonic()
         return env_id, session
 
 
@@ -180,7 +193,7 @@ class _ClientError(ValueError):
     """A request the protocol does not allow; answered as `{"error": ...}`."""
 
 
-def create_app(env: Environment, dialect: str | None = None):
+def create_app(env: Environment, dialect: str | None = None, session_ttl_s: float = 3600):
     """The service as an ASGI app (Starlette: the protocol is small enough that FastAPI's request
     validation would only add latency; bodies are checked by `EnvService`)."""
     from starlette.applications import Starlette
@@ -188,7 +201,7 @@ def create_app(env: Environment, dialect: str | None = None):
     from starlette.responses import Response
     from starlette.routing import Route
 
-    service = EnvService(env, dialect or dialect_of(env.name))
+    service = EnvService(env, dialect or dialect_of(env.name), session_ttl_s)
     # Environments that step in microseconds (TextCraft) are stepped on the event loop; slow or
     # out-of-process ones (ScienceWorld, step_workers > 1) in a thread pool, so one session's
     # step never holds up the others'.
@@ -266,8 +279,6 @@ class LocalServer:
         self._wait_ready(ready_timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:
-        import time
-
         import httpx
 
         deadline = time.monotonic() + timeout_s
@@ -314,6 +325,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dialect", choices=sorted(DIALECTS), help="AgentGym field names (default: the env's own)"
     )
+    parser.add_argument(
+        "--session-ttl",
+        type=float,
+        default=3600,
+        help="close sessions idle this many seconds (clients that moved an episode elsewhere "
+        "never close its old session; default: 3600)",
+    )
     return parser.parse_args(argv)
 
 
@@ -345,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    app = create_app(env, args.dialect)
+    app = create_app(env, args.dialect, args.session_ttl)
     service = app.state.service
     print(
         f"serving {env.name} ({service.dialect.name} dialect, {len(service.tasks)} tasks) "

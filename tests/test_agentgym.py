@@ -403,3 +403,20 @@ def test_a_gateway_without_its_server_counts_as_unavailable_not_as_an_answer():
             _episode(pool)
     finally:
         fake.close()
+
+
+def test_sessions_a_client_abandoned_are_closed_after_their_ttl(textcraft):
+    from envs.serve import EnvService
+
+    service = EnvService(textcraft, "textcraft", session_ttl_s=0.05)
+    abandoned = service.create({})["id"]
+    service.reset({"id": abandoned, "data_idx": 0})
+    episode = service._sessions[abandoned].episode
+    closed = []
+    episode.close = lambda: closed.append(True)
+    time.sleep(0.1)
+    fresh = service.create({})["id"]
+    assert closed == [True]
+    with pytest.raises(ValueError, match=f"unknown environment id {abandoned}"):
+        service.step({"id": abandoned, "action": "inventory"})
+    service.reset({"id": fresh, "data_idx": 1})  # the new session is untouched
