@@ -22,7 +22,7 @@ from flywheel.mcts import Critique, SearchLimits, SearchTree, search
 from flywheel.records import Trajectory
 from flywheel.rollout import agent_prefix
 from flywheel.scripted_policy import NoisyExpertBackend
-from flywheel.settings import CritiqueSettings, InferenceSettings, SFTSettings
+from flywheel.settings import CritiqueSettings, EnvSettings, InferenceSettings, SFTSettings
 from flywheel.storage import ArtifactStore
 from tasks.critique import critique_stage
 from tasks.select_paths import select_paths_stage
@@ -50,12 +50,12 @@ def stages(tmp_path_factory, tiny_model_dir):
     paths = select_paths_stage.fn(store.root, trees_url, 0.5, 0.2, 3, 1, 0, store.url("paths"))
     inference = InferenceSettings(max_tokens=16, kv_cache_gib=1, max_model_len=2048)
     critiques = critique_stage.fn(
-        store.root, model_url, "textcraft", trees_url, paths.files["pairs"], inference,
+        store.root, model_url, EnvSettings(), trees_url, paths.files["pairs"], inference,
         CritiqueSettings(max_tokens=16), store.url("critique"),
     )  # fmt: skip
     release_vllm()
     data = splice_stage.fn(
-        store.root, "textcraft", trees_url, paths, critiques.files["critiques"], prefix,
+        store.root, EnvSettings(), trees_url, paths, critiques.files["critiques"], prefix,
         "revision", True, 0, store.url("revisions"),
     )  # fmt: skip
     settings = SFTSettings(epochs=1, batch_size=2, max_length=2048)
