@@ -1,4 +1,4 @@
-"""ScienceWorld (elementary-science tasks in a text world) in process, from the `scienceworld` package.
+"""ScienceWorld (elementary-science tasks in a text world), in process, from its PyPI package.
 
 Each `ScienceWorldEnv` of the package is a Java process (~1.5 s to start, ~105 MiB), so episodes
 borrow one from a pool and give it back on `close`; py4j calls release the GIL, so episodes of

@@ -8,9 +8,9 @@ speaks WebShop's), and so can Flywheel's (`env.servers` in a recipe config). `da
 the environment's train tasks followed by its test tasks. Beyond AgentGym's endpoints it answers
 `GET /flywheel` (environment, dialect, a digest of the task list: clients check they agree),
 `GET /tasks` (the task ids in `data_idx` order) and `POST /flywheel/step` (many sessions' steps in
-one request: `{"steps": [<a /step body>, ...]}` answers `{"results": [<its /step answer>, ...]}`). Errors come back as HTTP 200 with an `error`
-field, as AgentGym's servers do. Bound to 127.0.0.1 unless `--host` says otherwise: the protocol
-has no authentication.
+one request: `{"steps": [<a /step body>, ...]}` answers `{"results": [<its /step answer>, ...]}`).
+Errors come back as HTTP 200 with an `error` field, as AgentGym's servers do. Bound to 127.0.0.1
+unless `--host` says otherwise: the protocol has no authentication.
 """
 
 from __future__ import annotations

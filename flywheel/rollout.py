@@ -296,8 +296,9 @@ def rollout_to_store(
 ) -> Manifest:
     """Roll the model out on `task_ids`, store the trajectories and publish their statistics."""
     inputs = {
-        "stage": stage, "model": model_url, "env": env_settings.identity(), "tasks": task_ids, "prefix": prefix,
-        "inference": inference, "max_steps": max_steps, "sampling": asdict(sampling),
+        "stage": stage, "model": model_url, "env": env_settings.identity(), "tasks": task_ids,
+        "prefix": prefix, "inference": inference, "max_steps": max_steps,
+        "sampling": asdict(sampling),
     }  # fmt: skip
     if (done := store.manifest(out_url, inputs)) is not None:
         return done
