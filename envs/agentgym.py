@@ -408,7 +408,7 @@ class AgentGymEnv(Environment):
 
 
 class RemoteEnv(Environment):
-    """A Flywheel environment whose episodes run on Flywheel environment servers (`serve_env`).
+    """A Flywheel environment whose episodes run on Flywheel environment servers (`serve-env`).
 
     Everything but the episodes (tasks, expert, prompts, oracle) comes from the local `catalog`;
     `check` makes sure every server serves the same environment with the same task list.
