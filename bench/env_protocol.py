@@ -14,7 +14,6 @@ Each mode runs `--repeats` times; the fastest run is reported (these machines ar
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -62,11 +61,10 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from flywheel.model import convert_base_model
+    from flywheel.storage import cache_root
 
-    cache = Path(os.environ.get("FLYWHEEL_CACHE", "~/.cache/flywheel")).expanduser()
-    chat = ChatTokenizer(
-        AutoTokenizer.from_pretrained(convert_base_model(cache / "models" / "smollm2-135m"))
-    )
+    base_model = convert_base_model(cache_root() / "models" / "smollm2-135m")
+    chat = ChatTokenizer(AutoTokenizer.from_pretrained(base_model))
     local = make_env("textcraft")
     tasks = local.task_ids("train")[: args.episodes]
     prefix = agent_prefix(local, [])

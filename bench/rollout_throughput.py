@@ -115,8 +115,9 @@ def resolve_model(args: argparse.Namespace) -> tuple[str, Path]:
             sys.exit(f"{folder} holds no config.json")
         return folder.name, folder
     from flywheel.model import convert_base_model, make_tiny_model
+    from flywheel.storage import cache_root
 
-    cache = Path(os.environ.get("FLYWHEEL_CACHE", "~/.cache/flywheel")).expanduser()
+    cache = cache_root()
     base = convert_base_model(cache / "models" / "smollm2-135m")
     if args.model == "tiny":
         return "tiny", make_tiny_model(cache / "models" / "tiny", base)

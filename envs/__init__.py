@@ -19,22 +19,20 @@ def make_env(settings: str | EnvSettings) -> Environment:
 
     if isinstance(settings, str):
         settings = EnvSettings(name=settings)
-    if settings.name.startswith("agentgym-"):
-        from envs.agentgym import AgentGymEnv, ClientSettings
+    if not settings.servers:
+        return _local_env(settings)  # agentgym-* without servers is refused by EnvSettings
+    from envs.agentgym import AgentGymEnv, ClientSettings, RemoteEnv
 
+    client = ClientSettings(timeout_s=settings.request_timeout_s)
+    if settings.name.startswith("agentgym-"):
         return AgentGymEnv(
             settings.name.removeprefix("agentgym-"),
             settings.servers,
             settings.agentgym.train,
             settings.agentgym.test,
-            ClientSettings(timeout_s=settings.request_timeout_s),
+            client,
         )
-    local = _local_env(settings)
-    if not settings.servers:
-        return local
-    from envs.agentgym import ClientSettings, RemoteEnv
-
-    return RemoteEnv(local, settings.servers, ClientSettings(timeout_s=settings.request_timeout_s))
+    return RemoteEnv(_local_env(settings), settings.servers, client)
 
 
 def _local_env(settings: EnvSettings) -> Environment:

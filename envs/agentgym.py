@@ -23,6 +23,7 @@ Only when no server can continue does the step raise `ServerUnavailable`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -52,7 +53,7 @@ class LostEpisode(RuntimeError):
 
 # What Flywheel's server answers for an id it does not know (it restarted). Matched exactly:
 # a looser match would turn an environment's own errors into endless recoveries.
-_UNKNOWN_ID = "unknown environment id"
+UNKNOWN_ID = "unknown environment id"
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ class Server:
             raise AgentGymError(f"{where} answered non-JSON: {response.text[:120]!r}") from None
         if isinstance(answer, dict) and "error" in answer:
             message = str(answer["error"])
-            if message.startswith(_UNKNOWN_ID):
+            if message.startswith(UNKNOWN_ID):
                 raise LostEpisode(f"{where}: {message}")
             raise AgentGymError(f"{where} answered an error: {message}")
         return answer
@@ -204,8 +205,12 @@ class Server:
     def available(self) -> bool:
         return time.monotonic() >= self.down_until
 
-    def close(self) -> None:
-        self._http.close()
+    def probe(self, path: str) -> Any:
+        """GET `path` before any work; a failure is a ValueError saying the server is unusable."""
+        try:
+            return self.get(path)
+        except (ServerUnavailable, AgentGymError, LostEpisode) as error:
+            raise ValueError(f"environment server {self.url} is not usable: {error}") from None
 
 
 class ServerPool:
@@ -272,9 +277,9 @@ class RemoteEpisode(Episode):
         return result
 
     def close(self) -> None:
-        remote, self._remote = self._remote, None
+        remote = self._remote
+        self._drop_remote()
         if remote is not None:
-            self.pool.release(remote.server)
             # AgentGym's TextCraft and SciWorld servers have no /close: nothing to do then.
             with contextlib.suppress(AgentGymError, ServerUnavailable, LostEpisode):
                 remote.server.post("/close", {}, remote.env_id)
@@ -391,12 +396,7 @@ class AgentGymEnv(Environment):
 
     def check(self) -> None:
         for server in self.pool.servers:
-            try:
-                server.get("/")
-            except (ServerUnavailable, AgentGymError, LostEpisode) as error:
-                raise ValueError(
-                    f"environment server {server.url} is not usable: {error}"
-                ) from None
+            server.probe("/")
 
     def task_ids(self, split: Split) -> list[str]:
         return [str(i) for i in self.splits[split]]
@@ -434,12 +434,7 @@ class RemoteEnv(Environment):
         """Every server is up and serves this environment's tasks; raises ValueError if not."""
         expected = {"env": self.name, "tasks_sha1": tasks_digest(self.served_tasks)}
         for server in self.pool.servers:
-            try:
-                info = server.get("/flywheel")
-            except (ServerUnavailable, AgentGymError, LostEpisode) as error:
-                raise ValueError(
-                    f"environment server {server.url} is not usable: {error}"
-                ) from None
+            info = server.probe("/flywheel")
             found = {k: info.get(k) for k in expected} if isinstance(info, dict) else info
             if found != expected:
                 raise ValueError(
@@ -469,7 +464,7 @@ class RemoteEnv(Environment):
                     except AgentGymError as error:
                         results[k] = error
 
-        list(self._step_pool.map(step_on, groups.items()))
+        self.in_parallel(step_on, list(groups.items()))
         rest = [k for k, result in enumerate(results) if result is None]
         for k, result in zip(rest, super().step_all([moves[k] for k in rest]), strict=True):
             results[k] = result
@@ -513,8 +508,6 @@ def served_task_ids(env: Environment) -> list[str]:
 
 
 def tasks_digest(task_ids: list[str]) -> str:
-    import hashlib
-
     return hashlib.sha1("\n".join(task_ids).encode()).hexdigest()
 
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 Split = Literal["train", "test"]
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class EnvironmentUnavailable(ConnectionError):
@@ -77,14 +80,19 @@ class Environment(ABC):
 
     def step_all(self, moves: list[tuple[Episode, str]]) -> list[StepResult | Exception]:
         """One action for each of many episodes; a step that raised gives its exception in its
-        place. In `step_workers` threads when the environment allows it."""
-        if self.step_workers == 1 or len(moves) < 2:
-            return [_step_or_error(move) for move in moves]
-        return list(self._step_pool.map(_step_or_error, moves))
+        place."""
+        return self.in_parallel(_step_or_error, moves)
+
+    def in_parallel(self, work: Callable[[T], R], items: list[T]) -> list[R]:
+        """`work` on every item, results in order: in `step_workers` threads when the
+        environment allows more than one (starts, steps, a server's batch of steps)."""
+        if self.step_workers == 1 or len(items) < 2:
+            return [work(item) for item in items]
+        return list(self._thread_pool.map(work, items))
 
     @functools.cached_property
-    def _step_pool(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(self.step_workers, thread_name_prefix=f"{self.name}-step")
+    def _thread_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(self.step_workers, thread_name_prefix=f"{self.name}-env")
 
     def expert_plan(self, task_id: str) -> list[tuple[str, str]] | None:
         """(thought, action) steps an expert takes on `task_id`, or None without an expert."""

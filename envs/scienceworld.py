@@ -28,6 +28,7 @@ import threading
 from pathlib import Path
 
 from envs.base import Environment, Episode, Split, StepResult
+from flywheel.storage import cache_root
 
 # Short-horizon task families: their gold paths take 5-10 steps (measured), so a small model
 # and a small step budget have a chance. Every ScienceWorld task name is accepted.
@@ -66,6 +67,15 @@ class _JVMPool:
 
     def give_back(self, world) -> None:
         self._idle.put(world)
+
+    @contextlib.contextmanager
+    def borrowed(self):
+        """A process for a short query, given back afterwards."""
+        world = self.take()
+        try:
+            yield world
+        finally:
+            self.give_back(world)
 
 
 _pool = _JVMPool()
@@ -116,24 +126,18 @@ def parse_task_id(task_id: str) -> tuple[str, int]:
 
 @functools.cache
 def _variation_splits(task_name: str) -> dict[str, tuple[int, ...]]:
-    world = _pool.take()
-    try:
+    with _pool.borrowed() as world:
         world.load(task_name, 0, "")
         return {
             "train": tuple(world.get_variations_train()),
             "test": tuple(world.get_variations_test()),
         }
-    finally:
-        _pool.give_back(world)
 
 
 @functools.cache
 def task_names() -> tuple[str, ...]:
-    world = _pool.take()
-    try:
+    with _pool.borrowed() as world:
         return tuple(world.get_task_names())
-    finally:
-        _pool.give_back(world)
 
 
 class ScienceWorldEnv(Environment):
@@ -153,8 +157,8 @@ class ScienceWorldEnv(Environment):
         self.task_names = tuple(task_names)
         self.variations = variations
         self.simplification = simplification
-        cache_root = Path(cache_dir or os.environ.get("FLYWHEEL_CACHE", "~/.cache/flywheel"))
-        self._gold_file = cache_root.expanduser() / "scienceworld" / f"gold-{simplification}.json"
+        root = Path(cache_dir).expanduser() if cache_dir else cache_root()
+        self._gold_file = root / "scienceworld" / f"gold-{simplification}.json"
         self._gold: dict[str, list[str]] | None = None
         self._gold_lock = threading.Lock()
 
@@ -201,12 +205,9 @@ class ScienceWorldEnv(Environment):
 
     def _generate_gold(self, task_id: str) -> list[str]:
         name, variation = parse_task_id(task_id)
-        world = _pool.take()
-        try:
+        with _pool.borrowed() as world:
             world.load(name, variation, self.simplification, generateGoldPath=True)
             actions = list(world.get_gold_action_sequence())
-        finally:
-            _pool.give_back(world)
         if actions and actions[0].startswith("ERROR"):
             return []
         return actions

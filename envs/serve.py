@@ -22,11 +22,10 @@ import json
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.agentgym import DIALECTS, dialect_of, served_task_ids, tasks_digest
+from envs.agentgym import DIALECTS, UNKNOWN_ID, dialect_of, served_task_ids, tasks_digest
 from envs.base import Environment, Episode
 
 
@@ -38,6 +37,13 @@ class _Session:
     done: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_used: float = field(default_factory=time.monotonic)
+
+    def end_episode(self) -> None:
+        """Close the session's episode, if any (frees its environment: a Java process...)."""
+        with self.lock:
+            episode, self.episode = self.episode, None
+            if episode is not None:
+                episode.close()
 
 
 class EnvService:
@@ -77,9 +83,7 @@ class EnvService:
             idle = [i for i, s in self._sessions.items() if s.last_used < cutoff]
             expired = [self._sessions.pop(i) for i in idle]
         for session in expired:
-            with session.lock:
-                if session.episode is not None:
-                    session.episode.close()
+            session.end_episode()
         if self.dialect.name == "webshop":
             return env_id
         if self.dialect.name == "sciworld":
@@ -148,14 +152,7 @@ class EnvService:
         steps = body.get("steps")
         if not isinstance(steps, list):
             raise _ClientError("'steps' must be a list of /step request bodies")
-        step = functools.partial(_answer, self.step)
-        if self.env.step_workers == 1 or len(steps) < 2:
-            return {"results": [step(b) for b in steps]}
-        return {"results": list(self._pool.map(step, steps))}
-
-    @functools.cached_property
-    def _pool(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(self.env.step_workers, thread_name_prefix="env-step")
+        return {"results": self.env.in_parallel(functools.partial(_answer, self.step), steps)}
 
     def observation(self, query: dict) -> str:
         return self._session(query)[1].observation
@@ -170,9 +167,7 @@ class EnvService:
         env_id, session = self._session(body)
         with self._lock:
             self._sessions.pop(env_id, None)
-        with session.lock:
-            if session.episode is not None:
-                session.episode.close()
+        session.end_episode()
         return {"closed": True}
 
     def _session(self, body: dict) -> tuple[int, _Session]:
@@ -184,7 +179,7 @@ class EnvService:
             raise _ClientError(f"the request needs an integer {key!r}")
         session = self._sessions.get(env_id)
         if session is None:
-            raise _ClientError(f"unknown environment id {env_id} (the server may have restarted)")
+            raise _ClientError(f"{UNKNOWN_ID} {env_id} (the server may have restarted)")
         session.last_used = time.monotonic()
         return env_id, session
 

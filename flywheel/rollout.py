@@ -11,8 +11,6 @@ from __future__ import annotations
 import functools
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
@@ -119,9 +117,8 @@ def run_batched(
     episode could not start or its server was lost ("lost: ...").
     """
     prefix_ids, _ = chat.encode(prefix)
-    with ThreadPoolExecutor(env.step_workers) if env.step_workers > 1 else nullcontext() as pool:
-        start = functools.partial(_start, env, prefix=prefix, prefix_ids=prefix_ids, chat=chat)
-        states = list((pool.map if pool else map)(start, task_ids))
+    start = functools.partial(_start, env, prefix=prefix, prefix_ids=prefix_ids, chat=chat)
+    states = env.in_parallel(start, task_ids)
     live = [s for s in states if not s.finish_reason]
     failed = [
         s.error for s in states if s.error and not isinstance(s.error, EnvironmentUnavailable)

@@ -305,14 +305,7 @@ def apply_override(data: dict, assignment: str) -> None:
 
 
 def load_config(model: type[Strict], path: str | None = None, overrides: list[str] = ()) -> Strict:
-    data: dict = {}
-    if path:
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"config file {path!r} does not exist")
-        data = yaml.safe_load(file.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path!r} must hold a mapping of settings")
+    data = read_config_file(path) if path else {}
     for assignment in overrides:
         apply_override(data, assignment)
     return validate_config(model, data)
@@ -320,13 +313,21 @@ def load_config(model: type[Strict], path: str | None = None, overrides: list[st
 
 def load_config_section(model: type[Strict], path: str, section: str) -> Strict:
     """One section of a recipe config file (e.g. `env` for an environment server)."""
-    data = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path!r} does not exist or holds no mapping of settings")
+    data = read_config_file(path)
     try:
         return validate_config(model, data.get(section) or {})
     except ConfigError as error:
         raise ConfigError(f"{path}: section {section!r}: {error}") from None
+
+
+def read_config_file(path: str) -> dict:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {path!r} does not exist")
+    data = yaml.safe_load(file.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path!r} must hold a mapping of settings")
+    return data
 
 
 def validate_config(model: type[Strict], data: dict) -> Strict:

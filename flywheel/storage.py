@@ -42,12 +42,17 @@ def inputs_digest(inputs: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def cache_root() -> Path:
+    """Where this machine keeps what it can rebuild (models, local copies, gold paths):
+    `$FLYWHEEL_CACHE`, default ~/.cache/flywheel."""
+    return Path(os.environ.get("FLYWHEEL_CACHE", "~/.cache/flywheel")).expanduser()
+
+
 class ArtifactStore:
     def __init__(self, root_url: str, cache_dir: str | None = None):
         self.root = normalise_url(root_url)
         self.fs, self._root_path = fsspec.core.url_to_fs(self.root)
-        self.cache_dir = Path(cache_dir or os.environ.get("FLYWHEEL_CACHE", "~/.cache/flywheel"))
-        self.cache_dir = self.cache_dir.expanduser()
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else cache_root()
 
     def check_writable(self) -> None:
         """Fail early, naming the URL, when the store cannot be written."""

@@ -138,7 +138,8 @@ def splice_stage(
     store = store_for(store_url)
     inputs = {
         "env": env.identity(), "trees": trees_url, "paths": paths.files,
-        "critiques": critiques_url, "prefix": prefix, "mode": mode, "include_good": include_good, "seed": seed,
+        "critiques": critiques_url, "prefix": prefix, "mode": mode,
+        "include_good": include_good, "seed": seed,
     }  # fmt: skip
     if (done := store.manifest(out_url, inputs)) is not None:
         return done
