@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-scienceworld test lint bench bench-mcts bench-env services
+.PHONY: install demo demo-agent-r demo-scienceworld test lint bench bench-mcts bench-env services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -35,3 +35,22 @@ bench-env: install
 
 demo-scienceworld: install
 	$(PY) -m flows.eto --config configs/eto_scienceworld.yaml
+
+# Production-like, on this machine: Prefect server (UI) + MLflow server (+ S3 with S3=1), then
+# deployments on a process work pool and a worker that runs them. PREFECT_API_URL and
+# MLFLOW_TRACKING_URI default to the services' addresses.
+PREFECT_URL ?= http://127.0.0.1:4200/api
+MLFLOW_URL ?= http://127.0.0.1:5000
+
+services: install
+	$(PY) -m flywheel.services $(if $(S3),--s3)
+
+deploy: install
+	PREFECT_API_URL=$(PREFECT_URL) .venv/bin/prefect work-pool create flywheel-process --type process --overwrite
+	PREFECT_API_URL=$(PREFECT_URL) FLYWHEEL_HOME=$(CURDIR) .venv/bin/prefect --no-prompt deploy \
+	  --prefect-file deployments/prefect.yaml --name eto-campaign-textcraft --name eto-textcraft \
+	  --name agent-r-textcraft --name eto-scienceworld
+
+worker: install
+	PREFECT_API_URL=$(PREFECT_URL) MLFLOW_TRACKING_URI=$(MLFLOW_URL) FLYWHEEL_MLFLOW_UI=$(MLFLOW_URL) \
+	  FLYWHEEL_HOME=$(CURDIR) .venv/bin/prefect worker start --pool flywheel-process

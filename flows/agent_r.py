@@ -21,8 +21,8 @@ from prefect import flow
 from envs import make_env
 from flywheel.records import Manifest
 from flywheel.rollout import agent_prefix, task_list
-from flywheel.runner import cli_main, run_tracked
-from flywheel.settings import AgentRConfig, load_config, validate_config
+from flywheel.runner import cli_main, recipe_config, run_tracked
+from flywheel.settings import AgentRConfig
 from tasks.critique import critique_stage
 from tasks.evaluate import evaluate_stage
 from tasks.expert_data import expert_data_stage
@@ -39,11 +39,7 @@ def agent_r(
     config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
 ) -> list[dict]:
     """`config` (a mapping) or `config_file` (YAML), then `overrides` (`key=value`) on top."""
-    if config is not None:
-        cfg: AgentRConfig = validate_config(AgentRConfig, config)
-    else:
-        cfg = load_config(AgentRConfig, config_file, overrides or [])
-    return run_tracked(cfg, run_rounds)
+    return run_tracked(recipe_config(AgentRConfig, config, config_file, overrides), run_rounds)
 
 
 def run_rounds(cfg: AgentRConfig, store, tracking) -> list[dict]:

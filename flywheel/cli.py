@@ -3,6 +3,7 @@
 flywheel eto --config configs/eto_textcraft.yaml rounds=1
 flywheel agent-r --config configs/agent_r_textcraft.yaml
 flywheel serve-env --env scienceworld --port 36002
+flywheel services --s3
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ COMMANDS = {
     "eto": ("flows.eto", "ETO: expert SFT, then explore → pairs → DPO rounds"),
     "agent-r": ("flows.agent_r", "Agent-R: MCTS → first-error critique → revision SFT rounds"),
     "serve-env": ("envs.serve", "serve an environment over AgentGym's HTTP protocol"),
+    "services": ("flywheel.services", "start Prefect's server (UI) and MLflow's server locally"),
 }
 
 

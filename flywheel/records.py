@@ -97,3 +97,39 @@ class Manifest(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
     inputs_digest: str = ""  # what the stage was computed from; see ArtifactStore.manifest
+
+
+class FailedStage(BaseModel):
+    """Why a stage failed and what it left: written into the stage's folder (`_FAILED.json`)
+    when it fails, removed when the stage is published. Shown as a Prefect artifact too."""
+
+    stage: str
+    task_run: str  # Prefect's name for the task run, as the UI shows it
+    flow_run_id: str | None = None
+    failed_at: str  # ISO time, UTC
+    message: str  # the exception, as a person reads it
+    inputs: dict[str, str | list[str]] = Field(default_factory=dict)  # parameter -> URL(s)
+    partial_outputs: list[str] = Field(default_factory=list)  # what the stage had written
+    mlflow_run: str | None = None  # the flow run's MLflow run
+
+
+class CampaignRound(BaseModel):
+    """One published round of a campaign: the policy the next round starts from, and how the
+    round's models did on the test tasks."""
+
+    round: int
+    policy: str  # model URL
+    evaluations: list[tuple[str, Manifest]] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    flow_run_id: str | None = None
+    published_at: str
+
+
+class Campaign(BaseModel):
+    """A campaign's state in the artifact store (`<run>/campaign.json`): the rounds published so
+    far. Round 0 is the starting point (SFT on expert trajectories)."""
+
+    name: str
+    recipe: str
+    expert: str = ""  # expert trajectories URL, fixed by round 0
+    rounds: list[CampaignRound] = Field(default_factory=list)

@@ -3,9 +3,14 @@ task runner, and open the flow run's MLflow parent run."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+from prefect import flow
+
+from flywheel.records import FailedStage
 from flywheel.settings import ConfigError
-from flywheel.stage import TrackingRef
-from flywheel.storage import ArtifactStore
+from flywheel.stage import TrackingRef, artifact_key
+from flywheel.storage import FAILED, ArtifactStore
 from flywheel.tracking import Tracker
 
 
@@ -20,6 +25,7 @@ def preflight(cfg) -> ArtifactStore:
         raise ConfigError(f"storage_url: {error}") from None
     check_trainer_settings(cfg)
     check_task_lists(cfg)
+    make_task_runner(cfg)  # a missing prefect-dask / prefect-ray is named now, not mid-run
     return store
 
 
@@ -75,8 +81,10 @@ def check_trainer_settings(cfg) -> None:
                 ) from None
 
 
-def make_task_runner(name: str):
-    """Threads by default; Dask or Ray spread stages over processes or machines."""
+def make_task_runner(cfg):
+    """Threads by default; Dask or Ray run stages in other processes: a local cluster of worker
+    processes, or the cluster at `task_runner_address` (other machines)."""
+    name, address = cfg.task_runner, cfg.task_runner_address
     if name == "threads":
         from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -86,14 +94,35 @@ def make_task_runner(name: str):
             from prefect_dask import DaskTaskRunner
         except ImportError:
             raise ConfigError("task_runner: 'dask' needs `pip install prefect-dask`") from None
-        return DaskTaskRunner()
+        if address:
+            return DaskTaskRunner(address=address)
+        # One thread per worker process: a stage holds a whole inference engine or trainer.
+        return DaskTaskRunner(cluster_kwargs={"processes": True, "threads_per_worker": 1})
     if name == "ray":
         try:
             from prefect_ray import RayTaskRunner
         except ImportError:
             raise ConfigError("task_runner: 'ray' needs `pip install prefect-ray`") from None
-        return RayTaskRunner()
+        return RayTaskRunner(address=address) if address else RayTaskRunner()
     raise ConfigError(f"task_runner: unknown runner {name!r}")
+
+
+def result_storage(store: ArtifactStore):
+    """Prefect's persisted stage results (its cache) live in the artifact store, next to the
+    files they point to: a re-run on another machine with the same store finds them. Prefect
+    wants the storage saved as a block; it holds the folder's URL, never credentials."""
+    import hashlib
+
+    from prefect.filesystems import LocalFileSystem, RemoteFileSystem
+
+    url = store.url(".prefect-results")
+    if store.is_local:
+        block = LocalFileSystem(basepath=url.removeprefix("file://"))
+    else:
+        block = RemoteFileSystem(basepath=url)
+    name = "flywheel-results-" + hashlib.sha1(url.encode()).hexdigest()[:12]
+    block.save(name, overwrite=True)
+    return block
 
 
 def start_tracking(cfg, flow_run_id: str | None) -> TrackingRef:
@@ -108,22 +137,85 @@ def start_tracking(cfg, flow_run_id: str | None) -> TrackingRef:
     )
 
 
-def run_tracked(cfg, body):
-    """Run a recipe's `body(cfg, store, tracking)` under the flow run's MLflow parent run."""
+@flow(name="stages", log_prints=True)
+def stages_flow(body, cfg, store_url: str, tracking: TrackingRef, extra: list | None = None):
+    """The stages of one recipe run, as a subflow: its task runner and result storage come
+    from the run's config, which a deployment's parameters only give at run time."""
+    return body(cfg, ArtifactStore(store_url), tracking, *(extra or []))
+
+
+def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None):
+    """Run a recipe's `body(cfg, store, tracking, *extra)` under the flow run's MLflow parent
+    run, on the configured task runner. A failure marks the MLflow run failed and leaves a
+    Prefect artifact naming the failed stages and where their records are."""
     from prefect.runtime import flow_run
 
-    store = preflight(cfg)
+    store = store or preflight(cfg)
     tracking = start_tracking(cfg, flow_run.get_id())
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    stages = stages_flow.with_options(
+        name=f"{flow_run.get_flow_name() or 'recipe'}-stages",
+        task_runner=make_task_runner(cfg),
+        result_storage=result_storage(store),
+    )
     try:
-        result = body(cfg, store, tracking)
-    except BaseException:
-        tracking.tracker().finish(tracking.parent_run_id, "FAILED")
+        result = stages(body, cfg, store.root, tracking, list(extra))
+    except BaseException as error:
+        report_failed_run(cfg, store, tracking, started, error)
         raise
     tracking.tracker().finish(tracking.parent_run_id)
     return result
 
 
-def cli_main(flow_function, config_class, argv, prog: str, description: str, example: str) -> int:
+def report_failed_run(cfg, store: ArtifactStore, tracking: TrackingRef, started: str, error):
+    from prefect.artifacts import create_markdown_artifact
+
+    tracker = tracking.tracker()
+    tracker.client.set_tag(tracking.parent_run_id, "flywheel.error", str(error)[:5000])
+    tracker.finish(tracking.parent_run_id, "FAILED")
+    run_url = store.url(cfg.run_name)
+    failed = []
+    for path in store.fs.glob(store._path(run_url) + f"/**/{FAILED}"):
+        record = FailedStage.model_validate_json(store.read_text(store.fs.unstrip_protocol(path)))
+        if record.failed_at >= started:
+            failed.append((record, store.fs.unstrip_protocol(path)))
+    lines = [
+        f"# Run `{cfg.run_name}` failed",
+        "",
+        "```",
+        f"{type(error).__name__}: {error}".strip(),
+        "```",
+        "",
+        "## Failed stages",
+        *(
+            [f"- `{r.stage}`: {r.message.splitlines()[0][:200]} (`{url}`)" for r, url in failed]
+            or ["- (none recorded: the failure came before or between stages)"]
+        ),
+        "",
+        f"- Artifacts: `{run_url}`",
+        f"- MLflow run: {tracker.run_url(tracking.parent_run_id)}",
+    ]
+    create_markdown_artifact(
+        "\n".join(lines),
+        key=artifact_key(f"{cfg.run_name}-failed"),
+        description=f"{cfg.run_name} failed: {str(error)[:200]}",
+    )
+
+
+def recipe_config(config_class, config: dict | None, config_file: str | None, overrides):
+    """A recipe flow's parameters → its checked config: `config` (a mapping) or `config_file`
+    (YAML), then `overrides` (`key=value`) on top."""
+    from flywheel.settings import load_config, validate_config
+
+    if config is not None:
+        return validate_config(config_class, config)
+    return load_config(config_class, config_file, overrides or [])
+
+
+def cli_main(
+    flow_function, config_class, argv, prog: str, description: str, example: str,
+    campaign_flow=None,
+) -> int:  # fmt: skip
     """A recipe's command line: `--config FILE` and `key=value` overrides, checked before work."""
     import argparse
     import sys
@@ -138,13 +230,23 @@ def cli_main(flow_function, config_class, argv, prog: str, description: str, exa
     )
     parser.add_argument("--config", help="YAML config file (defaults apply where it is silent)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="settings to override")
+    if campaign_flow is not None:
+        parser.add_argument(
+            "--campaign",
+            action="store_true",
+            help="run one more round of the campaign stored under run_name (round 0: SFT)",
+        )
     args = parser.parse_args(argv)
+    if getattr(args, "campaign", False):
+        flow_function = campaign_flow
     try:
         cfg = load_config(config_class, args.config, args.overrides)
         preflight(cfg)
     except (ConfigError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    runner = make_task_runner(cfg.task_runner)
-    flow_function.with_options(task_runner=runner)(config=cfg.model_dump())
+    state = flow_function(config=cfg.model_dump(), return_state=True)
+    if not state.is_completed():
+        print(f"error: {state.message}", file=sys.stderr)
+        return 1
     return 0

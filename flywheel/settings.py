@@ -5,6 +5,7 @@ Everything is validated before any work starts; an error names the field to fix.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -167,7 +168,29 @@ class InferenceSettings(Strict):
     block_size: int | None = Field(default=32, ge=16)
 
 
-class SFTSettings(Strict):
+class TrainerSettings(Strict):
+    """What SFT and DPO share: `batch_size` sequences per optimizer step, split evenly over
+    `num_processes` training processes."""
+
+    batch_size: int
+    num_processes: int
+
+    @model_validator(mode="after")
+    def _batch_splits_over_processes(self):
+        if self.batch_size % self.num_processes:
+            raise ValueError(
+                f"batch_size={self.batch_size} (sequences per step) must be a multiple of "
+                f"num_processes={self.num_processes}"
+            )
+        return self
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Sequences each process accumulates per optimizer step."""
+        return self.batch_size // self.num_processes
+
+
+class SFTSettings(TrainerSettings):
     """Supervised fine-tuning; `trl_args` go to trl's SFTConfig unchanged."""
 
     epochs: float = Field(default=3.0, gt=0)
@@ -177,14 +200,17 @@ class SFTSettings(Strict):
     # trl_args.per_device_train_batch_size on a GPU.
     batch_size: int = Field(default=4, ge=1)
     max_length: int = Field(default=2048, ge=64)
-    num_processes: int = Field(default=1, ge=1)  # >1 launches through `accelerate launch`
+    # Training processes: >1 launches `accelerate launch` (GPUs) or torchrun (CPU, gloo); each
+    # takes batch_size / num_processes of every step's sequences.
+    num_processes: int = Field(default=1, ge=1)
     # Bottom transformer layers kept frozen (with the embeddings); backward stops above them,
     # which makes a step much cheaper on a CPU. 0 trains everything.
     frozen_layers: int = Field(default=0, ge=0)
     trl_args: dict[str, Any] = Field(default_factory=dict)
 
 
-class DPOSettings(Strict):
+
+class DPOSettings(TrainerSettings):
     """ETO's DPO step; defaults are ETO's (beta 0.1, learning rate 1e-6)."""
 
     beta: float = Field(default=0.1, gt=0)
@@ -194,7 +220,7 @@ class DPOSettings(Strict):
     max_length: int = Field(default=2048, ge=64)
     # ETO keeps a failed exploration up to the expert's length plus this many turns.
     rejected_extra_turns: int = Field(default=5, ge=0)
-    num_processes: int = Field(default=1, ge=1)
+    num_processes: int = Field(default=1, ge=1)  # as in SFTSettings
     frozen_layers: int = Field(default=0, ge=0)  # as in SFTSettings
     trl_args: dict[str, Any] = Field(default_factory=dict)
 
@@ -257,9 +283,16 @@ class RecipeConfig(Strict):
 
     run_name: str = "flywheel"
     storage_url: str = "runs"  # local folder or any fsspec URL (s3://bucket/prefix)
-    mlflow_tracking_uri: str = "sqlite:///mlflow.db"
+    # MLflow's own MLFLOW_TRACKING_URI when set (a tracking server), else a local sqlite file.
+    mlflow_tracking_uri: str = Field(
+        default_factory=lambda: os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    )
     mlflow_experiment: str = "flywheel"
+    # Where stages run: threads in the flow's process, or Dask / Ray worker processes.
     task_runner: Literal["threads", "dask", "ray"] = "threads"
+    # A running cluster for dask/ray (`tcp://scheduler:8786`, `ray://head:10001`); unset starts a
+    # local cluster of worker processes on this machine.
+    task_runner_address: str | None = None
     rounds: int = Field(default=2, ge=0)
     seed: int = 0
     model: ModelSettings = Field(default_factory=ModelSettings)

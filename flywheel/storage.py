@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from flywheel.records import Manifest
 
 MANIFEST = "_MANIFEST.json"
+FAILED = "_FAILED.json"  # why the stage's last attempt failed; see flywheel.stage
 STORE_ID = ".flywheel-store-id"
 Record = TypeVar("Record", bound=BaseModel)
 
@@ -145,7 +146,15 @@ class ArtifactStore:
         if inputs is not None:
             manifest = manifest.model_copy(update={"inputs_digest": inputs_digest(inputs)})
         self.write_text(f"{manifest.url}/{MANIFEST}", manifest.model_dump_json(indent=2))
+        if self.exists(failed := f"{manifest.url}/{FAILED}"):
+            self.fs.rm(self._path(failed))  # an earlier attempt's failure is history now
         return manifest
+
+    def list_files(self, url: str) -> list[str]:
+        """URLs of every file under `url` (none when it does not exist)."""
+        if not self.exists(url):
+            return []
+        return sorted(self.fs.unstrip_protocol(p) for p in self.fs.find(self._path(url)))
 
     # Directories (model checkpoints) --------------------------------------------------------
 

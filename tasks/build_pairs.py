@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefect import task
-
 from flywheel.records import Manifest, Message, Pair, Trajectory
-from flywheel.stage import STAGE_CACHE
+from flywheel.stage import stage_task
 from flywheel.storage import ArtifactStore
 
 
@@ -72,7 +70,7 @@ def build_pairs(
     return pairs, report
 
 
-@task(name="build-pairs", cache_policy=STAGE_CACHE, persist_result=True)
+@stage_task("build-pairs")
 def build_pairs_stage(
     store_url: str, explored_urls: list[str], expert_url: str, out_url: str, extra_turns: int
 ) -> Manifest:

@@ -15,7 +15,6 @@ import re
 import time
 from dataclasses import dataclass
 
-from prefect import task
 from tqdm import tqdm
 
 from flywheel.chat import ChatTokenizer
@@ -23,7 +22,7 @@ from flywheel.inference import InferenceBackend, SamplingSettings
 from flywheel.mcts import Critique, PathPair, SearchTree, TreeNode
 from flywheel.records import Manifest, Message
 from flywheel.settings import CritiqueSettings, EnvSettings, InferenceSettings
-from flywheel.stage import STAGE_CACHE, store_for
+from flywheel.stage import stage_task, store_for
 
 VERIFIER_SYSTEM = "You review an agent's work one step at a time and say whether a step was right."
 
@@ -171,7 +170,7 @@ def _share(items: list, predicate) -> float:
     return sum(1 for item in items if predicate(item)) / len(items) if items else 0.0
 
 
-@task(name="critique", cache_policy=STAGE_CACHE, persist_result=True)
+@stage_task("critique")
 def critique_stage(
     store_url: str,
     model_url: str,

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from prefect import task
-
 from flywheel.records import Manifest
 from flywheel.settings import DPOSettings
-from flywheel.stage import STAGE_CACHE, TrackingRef, store_for
+from flywheel.stage import TrackingRef, stage_task, store_for
 from training.launch import trainer_stage
 
 
@@ -15,13 +13,13 @@ def dpo_trl_args(settings: DPOSettings, seed: int) -> dict:
         "beta": settings.beta,
         "learning_rate": settings.learning_rate,
         "num_train_epochs": settings.epochs,
-        "gradient_accumulation_steps": settings.batch_size,
+        "gradient_accumulation_steps": settings.accumulation_steps,
         "seed": seed,
         **settings.trl_args,
     }
 
 
-@task(name="dpo", cache_policy=STAGE_CACHE, persist_result=True)
+@stage_task("dpo")
 def dpo_stage(
     store_url: str,
     label: str,

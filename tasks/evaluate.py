@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from prefect import task
-
 from flywheel.inference import SamplingSettings
 from flywheel.records import Manifest, Message
 from flywheel.rollout import rollout_to_store
 from flywheel.settings import EnvSettings, InferenceSettings
-from flywheel.stage import STAGE_CACHE, TrackingRef, store_for
+from flywheel.stage import TrackingRef, stage_task, store_for
 
 
-@task(name="evaluate", cache_policy=STAGE_CACHE, persist_result=True)
+@stage_task("evaluate")
 def evaluate_stage(
     store_url: str,
     label: str,

@@ -6,7 +6,6 @@ file in ETO's published SFT format (`expert_file`), so users can bring ETO's dat
 
 from __future__ import annotations
 
-from prefect import task
 from tqdm import tqdm
 
 from envs import make_env
@@ -14,7 +13,7 @@ from flywheel.eto_format import read_eto_sft, write_eto_sft
 from flywheel.records import Manifest, Message, Trajectory
 from flywheel.rollout import expert_trajectory
 from flywheel.settings import EnvSettings
-from flywheel.stage import STAGE_CACHE, store_for
+from flywheel.stage import stage_task, store_for
 
 
 def collect_expert(
@@ -28,7 +27,7 @@ def collect_expert(
     return solved, unsolved
 
 
-@task(name="expert-trajectories", cache_policy=STAGE_CACHE, persist_result=True)
+@stage_task("expert-trajectories")
 def expert_data_stage(
     store_url: str,
     env: EnvSettings,

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from prefect import task
-
 from flywheel.inference import SamplingSettings
 from flywheel.records import Manifest, Message
 from flywheel.rollout import rollout_to_store
 from flywheel.settings import EnvSettings, ExploreSettings, InferenceSettings
-from flywheel.stage import STAGE_CACHE, store_for
+from flywheel.stage import stage_task, store_for
 
 
 def shard(task_ids: list[str], shards: int, samples_per_task: int) -> list[list[str]]:
@@ -18,7 +16,7 @@ def shard(task_ids: list[str], shards: int, samples_per_task: int) -> list[list[
     return [p for p in parts if p]
 
 
-@task(name="explore-shard", cache_policy=STAGE_CACHE, persist_result=True)
+@stage_task("explore-shard")
 def explore_stage(
     store_url: str,
     model_url: str,

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import time
 
-from prefect import task
-
 from flywheel.inference import SamplingSettings
 from flywheel.mcts import SearchLimits, SearchTree, render, search
 from flywheel.records import Manifest, Message
 from flywheel.settings import EnvSettings, InferenceSettings, MCTSSettings
-from flywheel.stage import STAGE_CACHE, store_for
+from flywheel.stage import stage_task, store_for
 
 
 def search_limits(settings: MCTSSettings, inference: InferenceSettings, seed: int) -> SearchLimits:
@@ -45,7 +43,7 @@ def tree_counts(trees: list[SearchTree]) -> dict[str, int]:
     }
 
 
-@task(name="mcts", cache_policy=STAGE_CACHE, persist_result=True)
+@stage_task("mcts")
 def mcts_stage(
     store_url: str,
     model_url: str,

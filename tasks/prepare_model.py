@@ -5,12 +5,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from prefect import task
-
 from flywheel.model import convert_base_model, make_tiny_model
 from flywheel.records import Manifest
 from flywheel.settings import BUILTIN_MODELS
-from flywheel.stage import STAGE_CACHE, store_for
+from flywheel.stage import stage_task, store_for
 from flywheel.storage import ArtifactStore
 
 
@@ -40,6 +38,6 @@ def prepare_model(store: ArtifactStore, base: str, out_url: str | None = None) -
     return store.publish(manifest, {"base": base})
 
 
-@task(name="prepare-model", cache_policy=STAGE_CACHE, persist_result=True)
+@stage_task("prepare-model")
 def prepare_model_stage(store_url: str, base: str, out_url: str | None = None) -> Manifest:
     return prepare_model(store_for(store_url), base, out_url)

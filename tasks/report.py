@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import io
-import re
 import tempfile
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flywheel.records import Manifest
-from flywheel.stage import TrackingRef, store_for
+from flywheel.stage import TrackingRef, artifact_key, store_for
 
 
 def results_rows(evaluations: list[tuple[str, Manifest]]) -> list[dict]:
@@ -56,11 +55,6 @@ def success_plot(rows: list[dict], title: str) -> bytes:
     fig.savefig(buffer, format="png")
     plt.close(fig)
     return buffer.getvalue()
-
-
-def artifact_key(run_url: str) -> str:
-    """Prefect artifact keys allow lowercase letters, digits and dashes: `eto-textcraft`."""
-    return re.sub(r"[^a-z0-9-]+", "-", run_url.rstrip("/").rsplit("/", 1)[-1].lower()).strip("-")
 
 
 @task(name="report")

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import random
 
-from prefect import task
-
 from flywheel.mcts import PathPair, SearchTree, divergence
 from flywheel.records import Manifest
-from flywheel.stage import STAGE_CACHE, store_for
+from flywheel.stage import stage_task, store_for
 
 
 def select_pairs(
@@ -59,7 +57,7 @@ def select_good(tree: SearchTree, alpha: float, cap: int) -> list[int]:
     return [leaf.id for leaf in good[:cap]]
 
 
-@task(name="select-paths", cache_policy=STAGE_CACHE, persist_result=True)
+@stage_task("select-paths")
 def select_paths_stage(
     store_url: str,
     trees_url: str,

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from prefect import task
-
 from flywheel.records import Manifest
 from flywheel.settings import SFTSettings
-from flywheel.stage import STAGE_CACHE, TrackingRef, store_for
+from flywheel.stage import TrackingRef, stage_task, store_for
 from training.launch import trainer_stage
 
 
@@ -14,7 +12,7 @@ def sft_trl_args(settings: SFTSettings, seed: int) -> dict:
     return {
         "num_train_epochs": settings.epochs,
         "learning_rate": settings.learning_rate,
-        "gradient_accumulation_steps": settings.batch_size,
+        "gradient_accumulation_steps": settings.accumulation_steps,
         "lr_scheduler_type": "cosine",
         "warmup_steps": 0.05,  # a fraction of all steps
         "seed": seed,
@@ -22,7 +20,7 @@ def sft_trl_args(settings: SFTSettings, seed: int) -> dict:
     }
 
 
-@task(name="sft", cache_policy=STAGE_CACHE, persist_result=True)
+@stage_task("sft")
 def sft_stage(
     store_url: str,
     label: str,

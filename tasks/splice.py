@@ -14,13 +14,11 @@ from __future__ import annotations
 import random
 from typing import Literal
 
-from prefect import task
-
 from flywheel.chat import format_observation, format_reply
 from flywheel.mcts import Critique, PathPair, SearchTree, step_messages
 from flywheel.records import Manifest, Message, Trajectory
 from flywheel.settings import EnvSettings
-from flywheel.stage import STAGE_CACHE, store_for
+from flywheel.stage import stage_task, store_for
 
 Mode = Literal["revision", "direct", "good"]
 
@@ -122,7 +120,7 @@ def build_training_data(
     return revisions + good_paths, counts
 
 
-@task(name="splice", cache_policy=STAGE_CACHE, persist_result=True)
+@stage_task("splice")
 def splice_stage(
     store_url: str,
     env: EnvSettings,

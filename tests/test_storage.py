@@ -105,3 +105,41 @@ def test_a_deleted_store_is_not_served_from_prefects_cache(tmp_path):
     shutil.rmtree(store_dir)  # the whole store
     assert one_stage(str(store_dir)).name == "Completed"
     assert one_stage(str(store_dir)).name == "Cached"
+
+
+def test_a_failed_stage_leaves_its_record_and_an_artifact_and_publishing_clears_it(tmp_path):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flywheel.records import FailedStage
+    from flywheel.stage import stage_task
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    model = store.write_text(store.url("run", "sft", "model", "config.json"), "{}")
+
+    @stage_task("half-done")
+    def half_done(store_url: str, model_url: str, out_url: str, fail: bool) -> Manifest:
+        s = ArtifactStore(store_url)
+        s.write_text(f"{out_url}/part-0.jsonl", "{}\n")
+        if fail:
+            raise RuntimeError("the disk is full: free 2 GiB under /tmp and re-run")
+        return s.publish(Manifest(stage="half-done", url=out_url))
+
+    @flow
+    def one_stage(fail: bool):
+        return half_done(store.root, model, store.url("run", "half"), fail, return_state=True)
+
+    assert one_stage(True, return_state=True).is_failed()
+    record = FailedStage.model_validate_json(store.read_text(store.url("run/half/_FAILED.json")))
+    assert record.message == "RuntimeError: the disk is full: free 2 GiB under /tmp and re-run"
+    assert record.inputs == {"model_url": model}
+    assert record.partial_outputs == [store.url("run/half/part-0.jsonl")]
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["run-failed-half-done"]))
+        )
+    assert found and model in found[-1].data and "disk is full" in found[-1].data
+
+    assert one_stage(False, return_state=True).is_completed()
+    assert not store.exists(store.url("run/half/_FAILED.json"))

@@ -1,0 +1,106 @@
+"""Campaigns: a recipe run one round at a time, one round per flow run (a scheduled deployment).
+
+The campaign's state is `<run>/campaign.json` in the artifact store: the rounds published so far.
+A run takes the campaign's Prefect concurrency slot (a global limit of 1, named after the store
+and run), reads the state, runs exactly one more round and publishes it, so two runs of one
+campaign never overlap and a crashed run leaves the last published round as it was. The slot is
+a lease: a run killed while holding it frees it when the lease runs out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
+
+from flywheel.records import Campaign, CampaignRound
+from flywheel.runner import preflight, run_tracked
+from flywheel.storage import ArtifactStore
+
+STATE_FILE = "campaign.json"
+LEASE_S = 600  # renewed while the run lives; how long a killed run blocks the next one
+
+
+def run_campaign(cfg, recipe: str, next_round):
+    """Run `next_round(cfg, store, tracking, campaign) -> Campaign` once, under the campaign's
+    slot, and publish what it returns. Nothing to do once rounds 0..`cfg.rounds` exist."""
+    from prefect.states import Completed
+
+    store = preflight(cfg)
+    with campaign_slot(store, cfg.run_name):
+        campaign = load_campaign(store, cfg.run_name, recipe)
+        if len(campaign.rounds) > cfg.rounds:
+            message = (
+                f"campaign {cfg.run_name!r}: rounds 0..{cfg.rounds} are published; nothing new "
+                f"to do (raise `rounds` to continue it)"
+            )
+            print(message)
+            return Completed(message=message)
+        campaign = run_tracked(cfg, next_round, campaign, store=store)
+        save_campaign(store, cfg.run_name, campaign)
+        latest = campaign.rounds[-1]
+        message = f"campaign {cfg.run_name!r}: published round {latest.round}"
+        print(message)
+        return Completed(message=message, data=latest.model_dump(mode="json"))
+
+
+def new_round(number: int, policy: str, evaluations, notes: list[str] = ()) -> CampaignRound:
+    from prefect.runtime import flow_run
+
+    return CampaignRound(
+        round=number,
+        policy=policy,
+        evaluations=list(evaluations),
+        notes=list(notes),
+        flow_run_id=flow_run.get_id(),
+        published_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+
+
+def load_campaign(store: ArtifactStore, run_name: str, recipe: str) -> Campaign:
+    url = store.url(run_name, STATE_FILE)
+    if not store.exists(url):
+        return Campaign(name=run_name, recipe=recipe)
+    campaign = Campaign.model_validate_json(store.read_text(url))
+    if campaign.recipe != recipe:
+        raise ValueError(f"{url} belongs to a {campaign.recipe} campaign, not {recipe}")
+    return campaign
+
+
+def save_campaign(store: ArtifactStore, run_name: str, campaign: Campaign) -> None:
+    """One object written whole (an S3 put, or a file replaced): readers see the old state or
+    the new one."""
+    url = store.url(run_name, STATE_FILE)
+    store.write_text(url + ".tmp", campaign.model_dump_json(indent=2))
+    store.fs.mv(store._path(url + ".tmp"), store._path(url))
+
+
+def slot_name(store: ArtifactStore, run_name: str) -> str:
+    """The campaign's concurrency limit: readable, and unique per store and run."""
+    digest = hashlib.sha1(store.url(run_name).encode()).hexdigest()[:8]
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"flywheel-campaign-{run_name}-{digest}")
+
+
+@contextmanager
+def campaign_slot(store: ArtifactStore, run_name: str):
+    """Hold the campaign's one slot (a Prefect global concurrency limit, created on first use);
+    a second run waits here until the first has published."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    name = slot_name(store, run_name)
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            with suppress(ObjectAlreadyExists):  # another run of the campaign created it first
+                client.create_global_concurrency_limit(
+                    GlobalConcurrencyLimitCreate(name=name, limit=1)
+                )
+    print(f"waiting for campaign slot {name!r}")
+    with concurrency(name, occupy=1, strict=True, lease_duration=LEASE_S):
+        print(f"holding campaign slot {name!r}")
+        yield

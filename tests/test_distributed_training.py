@@ -1,0 +1,57 @@
+"""SFT on two processes (torchrun, gloo on the CPU) learns what one process learns: the same
+sequences per optimizer step, so the same losses and the same weights, up to float rounding."""
+
+from __future__ import annotations
+
+import pytest
+from safetensors.torch import load_file
+
+from envs import make_env
+from flywheel.rollout import agent_prefix
+from flywheel.settings import SFTSettings
+from flywheel.storage import ArtifactStore
+from tasks.expert_data import collect_expert
+from tasks.sft import sft_stage
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_model_dir):
+    store = ArtifactStore(str(tmp_path_factory.mktemp("ddp") / "store"))
+    env = make_env("textcraft")
+    trajectories, _ = collect_expert(env, env.task_ids("train")[:4], agent_prefix(env, []))
+    data = store.write_records(store.url("expert.jsonl"), trajectories)
+    runs = {}
+    for processes in (1, 2):
+        # 4 sequences per step: 4 accumulated on one process, 2 on each of two.
+        settings = SFTSettings(
+            epochs=1, batch_size=4, max_length=512, num_processes=processes, learning_rate=1e-3
+        )
+        runs[processes] = sft_stage.fn(
+            store.root, "ddp", f"file://{tiny_model_dir}", data, settings, 0,
+            store.url(f"sft-{processes}"),
+        )  # fmt: skip
+    return store, runs
+
+
+def test_two_processes_learn_what_one_process_learns(trained):
+    store, runs = trained
+    one, two = runs[1], runs[2]
+    assert "world_size=2" in store.read_text(two.files["log"]) or "rank" in store.read_text(
+        two.files["log"]
+    )
+    assert two.metrics["train_loss"] == pytest.approx(one.metrics["train_loss"], rel=1e-3)
+    weights = [
+        load_file(store.local_dir(m.files["model"]) / "model.safetensors") for m in (one, two)
+    ]
+    assert weights[0].keys() == weights[1].keys()
+    moved = max((weights[0][k] - weights[1][k]).abs().max().item() for k in weights[0])
+    assert moved < 1e-4
+
+
+def test_batch_size_must_split_evenly_over_processes():
+    from flywheel.settings import ConfigError, ETOConfig, validate_config
+
+    with pytest.raises(ConfigError, match="multiple of num_processes"):
+        validate_config(ETOConfig, {"sft": {"batch_size": 3, "num_processes": 2}})
