@@ -94,8 +94,12 @@ def make_task_runner(cfg):
             from prefect_dask import DaskTaskRunner
         except ImportError:
             raise ConfigError("task_runner: 'dask' needs `pip install prefect-dask`") from None
-        if address:
+        if address:  # its workers need DASK_DISTRIBUTED__WORKER__DAEMON=False, as below
             return DaskTaskRunner(address=address)
+        import dask
+
+        # vLLM and trainers start processes of their own, which daemonic workers may not.
+        dask.config.set({"distributed.worker.daemon": False})
         # One thread per worker process: a stage holds a whole inference engine or trainer.
         return DaskTaskRunner(cluster_kwargs={"processes": True, "threads_per_worker": 1})
     if name == "ray":

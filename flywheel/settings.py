@@ -174,6 +174,18 @@ class TrainerSettings(Strict):
 
     batch_size: int
     num_processes: int
+    # `accelerate launch` config for the training processes: ddp, zero2, zero3 (DeepSpeed ZeRO
+    # stages, configs/accelerate/) or a path to one's own. Unset: DDP on GPUs, torchrun on a CPU.
+    accelerate_config: str | None = None
+
+    @field_validator("accelerate_config")
+    @classmethod
+    def _accelerate_config_exists(cls, value: str | None) -> str | None:
+        if value is not None:
+            from training.launch import accelerate_config_file
+
+            accelerate_config_file(value)  # raises naming the shipped configs
+        return value
 
     @model_validator(mode="after")
     def _batch_splits_over_processes(self):
@@ -207,7 +219,6 @@ class SFTSettings(TrainerSettings):
     # which makes a step much cheaper on a CPU. 0 trains everything.
     frozen_layers: int = Field(default=0, ge=0)
     trl_args: dict[str, Any] = Field(default_factory=dict)
-
 
 
 class DPOSettings(TrainerSettings):

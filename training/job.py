@@ -97,4 +97,10 @@ def train_and_save(trainer, tokenizer, job: TrainingJob, rows: int) -> dict:
     if not trainer.is_world_process_zero():
         return {}
     tokenizer.save_pretrained(job.output_dir)
-    return {"train_loss": result.training_loss, "rows": rows, **result.metrics}
+    return {
+        "train_loss": result.training_loss,
+        "rows": rows,
+        "processes": trainer.args.world_size,
+        "optimizer_steps": result.global_step,
+        **result.metrics,
+    }

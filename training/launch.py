@@ -15,24 +15,37 @@ from pathlib import Path
 ACCELERATE_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
 
 
+def accelerate_config_file(name: str) -> str:
+    """A shipped config by name (ddp, zero2, zero3), or a path to one's own."""
+    shipped = ACCELERATE_CONFIGS / f"{name}.yaml"
+    if shipped.is_file():
+        return str(shipped)
+    if Path(name).is_file():
+        return str(Path(name).resolve())
+    names = ", ".join(sorted(p.stem for p in ACCELERATE_CONFIGS.glob("*.yaml")))
+    raise ValueError(f"accelerate_config {name!r} is neither a shipped config ({names}) nor a file")
+
+
 def command(
     module: str, job_file: Path, num_processes: int, accelerate_config: str | None
 ) -> list[str]:
-    if num_processes <= 1:
+    if num_processes <= 1 and accelerate_config is None:
         return [sys.executable, "-m", module, "--config", str(job_file)]
     import torch
 
-    if not torch.cuda.is_available() and accelerate_config is None:
+    gpu = torch.cuda.is_available()
+    if not gpu and accelerate_config is None:
         # accelerate's CPU launcher starts a single process unless MPI is set up; torchrun starts
         # N processes that the Trainer joins with gloo.
         return [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(num_processes),
             "-m", module, "--config", str(job_file),
         ]  # fmt: skip
-    config = accelerate_config or str(ACCELERATE_CONFIGS / "ddp.yaml")
+    precision = "bf16" if gpu and torch.cuda.is_bf16_supported() else "no"  # as trainer_defaults
     return [
         sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", config, "--num_processes", str(num_processes),
+        "--config_file", accelerate_config_file(accelerate_config or "ddp"),
+        "--num_processes", str(num_processes), "--mixed_precision", precision,
         "-m", module, "--config", str(job_file),
     ]  # fmt: skip
 
@@ -101,7 +114,9 @@ def train_to_store(
         log_file = scratch / "train.log"
         try:
             job_file = job.save(scratch / "job.json")
-            launch(module, job_file, log_file, settings.num_processes, extra_env=env)
+            launch(
+                module, job_file, log_file, settings.num_processes, settings.accelerate_config, env
+            )
         finally:  # the log of a failed training is kept too
             if log_file.exists():
                 store.write_text(f"{out_url}/train.log", log_file.read_text())

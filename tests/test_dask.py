@@ -1,0 +1,73 @@
+"""`task_runner: dask`: exploration shards run on a Dask cluster of separate worker processes
+(a real LocalCluster, real vLLM in each worker), and land in the store like any other run's."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from prefect import flow, unmapped
+
+from envs import make_env
+from flywheel.records import Trajectory
+from flywheel.rollout import agent_prefix
+from flywheel.runner import run_tracked
+from flywheel.settings import ETOConfig
+from flywheel.storage import ArtifactStore
+from tasks.explore import explore_stage, shard
+
+pytestmark = pytest.mark.slow
+
+
+def explore_shards(cfg: ETOConfig, store, tracking, model_url: str) -> list:
+    env = make_env(cfg.env)
+    task_ids = env.task_ids("train")[:2]
+    shards = shard(task_ids, 2, 1)
+    return explore_stage.map(
+        store.root, model_url, unmapped(cfg.env), shards, unmapped(agent_prefix(env, [])),
+        unmapped(cfg.inference), unmapped(cfg.explore), cfg.env.max_steps, [1, 2],
+        [store.url("dask", f"shard-{i}") for i in range(len(shards))],
+    ).result()  # fmt: skip
+
+
+@flow(name="explore-on-dask")
+def explore_on_dask(config: dict, model_url: str):
+    return run_tracked(ETOConfig.model_validate(config), explore_shards, model_url)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import dask
+    from distributed import Client, LocalCluster
+
+    with (
+        # As a user's `dask worker` would run: vLLM starts its engine in a child process.
+        dask.config.set({"distributed.worker.daemon": False}),
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True) as local,
+        Client(local) as client,
+    ):
+        yield local, client
+
+
+def test_exploration_shards_run_on_dask_worker_processes(cluster, tmp_path, tiny_model_dir):
+    from distributed import get_task_stream
+
+    local, client = cluster
+    config = {
+        "run_name": "dask", "storage_url": str(tmp_path / "store"),
+        "task_runner": "dask", "task_runner_address": local.scheduler_address,
+        "model": {"base": "tiny"}, "env": {"train_tasks": 2, "test_tasks": 1, "max_steps": 2},
+        "inference": {"max_tokens": 16, "kv_cache_gib": 1},
+    }  # fmt: skip
+    with get_task_stream(client) as stream:
+        manifests = explore_on_dask(config, f"file://{tiny_model_dir}")
+    worker_pids = client.run(os.getpid)
+    assert os.getpid() not in worker_pids.values()
+    ran_on = {entry["worker"] for entry in stream.data}
+    assert ran_on and ran_on <= set(worker_pids), "the shards did not run on the cluster"
+    assert len(manifests) == 2
+    store = ArtifactStore(config["storage_url"])
+    episodes = [
+        t for m in manifests for t in store.read_records(m.files["trajectories"], Trajectory)
+    ]
+    assert len(episodes) == 2 and all(t.n_steps > 0 for t in episodes)
