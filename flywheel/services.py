@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -32,7 +32,6 @@ class Service:
     url: str
     process: subprocess.Popen | None = None
     log: Path | None = None
-    stop_hook: object = field(default=None, repr=False)
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
@@ -41,8 +40,6 @@ class Service:
                 self.process.wait(20)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-        if self.stop_hook:
-            self.stop_hook()
 
 
 def wait_until_up(service: Service, health_url: str, timeout_s: float = 180) -> Service:
@@ -97,17 +94,19 @@ def start_mlflow_server(home: Path, artifacts_url: str, port: int = 5000) -> Ser
     return wait_until_up(service, f"{service.url}/health")
 
 
-def start_s3(port: int = 9000, bucket: str = "flywheel") -> Service:
-    """An S3 endpoint on loopback (moto's server, in memory) with `bucket` created. Clients find
-    it through the standard AWS_ENDPOINT_URL setting."""
-    import boto3
-    from moto.server import ThreadedMotoServer
+def start_s3(port: int = 9000, bucket: str = "flywheel", home: Path | None = None) -> Service:
+    """An S3 endpoint on loopback (moto's server, in memory, its own process) with `bucket`
+    created. Clients find it through the standard AWS_ENDPOINT_URL setting."""
+    import tempfile
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    import boto3
+
+    log = Path(home or tempfile.mkdtemp(prefix="flywheel-s3-")) / "s3.log"
+    cmd = [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)]
     url = f"http://127.0.0.1:{port}"
+    service = wait_until_up(Service("S3 endpoint (moto)", url, _spawn("s3", cmd, log), log), url)
     boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket=bucket)
-    return Service("S3 endpoint (moto)", url, stop_hook=server.stop)
+    return service
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.setdefault("AWS_ACCESS_KEY_ID", "flywheel")
             os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "flywheel")
             os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-            started.append(start_s3(args.s3_port))
+            started.append(start_s3(args.s3_port, home=home))
             os.environ["AWS_ENDPOINT_URL"] = started[-1].url
             artifacts = "s3://flywheel/mlflow"
         else:

@@ -79,8 +79,8 @@ def overrides(store: Path, *extra: str) -> list[str]:
         "run_name=campaign-tiny", f"storage_url={store}", "model.base=tiny", "rounds=1",
         "env.train_tasks=4", "env.test_tasks=2", "env.max_steps=3",
         "inference.max_tokens=24", "inference.kv_cache_gib=1", "explore.shards=2",
-        "sft.epochs=1", "sft.batch_size=2", "sft.max_length=1024", "dpo.epochs=1",
-        "dpo.max_length=1024", *extra,
+        "sft.epochs=1", "sft.batch_size=2", "sft.max_length=1024", "sft.frozen_layers=0",
+        "dpo.epochs=1", "dpo.max_length=1024", "dpo.frozen_layers=0", *extra,
     ]  # fmt: skip
 
 
