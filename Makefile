@@ -48,8 +48,9 @@ services: install
 deploy: install
 	PREFECT_API_URL=$(PREFECT_URL) .venv/bin/prefect work-pool create flywheel-process --type process --overwrite
 	PREFECT_API_URL=$(PREFECT_URL) FLYWHEEL_HOME=$(CURDIR) .venv/bin/prefect --no-prompt deploy \
-	  --prefect-file deployments/prefect.yaml --name eto-campaign-textcraft --name eto-textcraft \
-	  --name agent-r-textcraft --name eto-scienceworld
+	  --prefect-file deployments/prefect.yaml --name eto-campaign-textcraft \
+	  --name agent-r-campaign-textcraft --name eto-textcraft --name agent-r-textcraft \
+	  --name eto-scienceworld
 
 worker: install
 	PREFECT_API_URL=$(PREFECT_URL) MLFLOW_TRACKING_URI=$(MLFLOW_URL) FLYWHEEL_MLFLOW_UI=$(MLFLOW_URL) \

@@ -6,5 +6,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3.12 pyth
 WORKDIR /opt/flywheel
 COPY . .
 RUN PYTHON=python3.12 FLYWHEEL_DEVICE=cuda bash scripts/install.sh
-ENV PATH=/opt/flywheel/.venv/bin:$PATH PREFECT_HOME=/opt/flywheel/.prefect
-CMD ["prefect", "worker", "start", "--pool", "flywheel-gpu"]
+ENV PATH=/opt/flywheel/.venv/bin:$PATH PREFECT_HOME=/opt/flywheel/.prefect \
+    FLYWHEEL_HOME=/opt/flywheel
+# As the job image of a docker or kubernetes work pool, Prefect runs each flow run in it (the
+# deployments in deployments/prefect.yaml name it). Run as is, it is a process worker itself.
+CMD ["prefect", "worker", "start", "--pool", "flywheel-process"]

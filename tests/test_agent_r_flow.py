@@ -15,7 +15,7 @@ from conftest import task_states
 from mlflow.tracking import MlflowClient
 
 from envs import make_env
-from flows.agent_r import agent_r
+from flows.agent_r import agent_r, agent_r_campaign
 from flywheel.chat import ChatTokenizer
 from flywheel.inference import release_vllm
 from flywheel.mcts import Critique, SearchLimits, SearchTree, search
@@ -108,8 +108,9 @@ def runs(tmp_path_factory, tiny_model_dir):
     }
     first = agent_r(config=config, return_state=True)
     cached = agent_r(config=config, return_state=True)
+    campaign = [agent_r_campaign(config=config, return_state=True) for _ in range(3)]
     release_vllm()
-    return {"config": config, "first": first, "cached": cached}
+    return {"config": config, "first": first, "cached": cached, "campaign": campaign}
 
 
 def test_flow_runs_a_round_and_reports_why_it_stopped(runs):
@@ -141,3 +142,20 @@ def test_rerun_is_cached(runs):
     store = ArtifactStore(runs["config"]["storage_url"])
     rows = json.loads(store.read_text(store.url("agent-r-tiny/results.json")))
     assert [r["stage"] for r in rows] == ["sft"]
+
+
+def test_a_campaign_on_the_same_store_publishes_a_round_per_run_from_finished_work(runs):
+    """The campaign's rounds are the one-shot run's stages: each is served from the cache."""
+    round_0, round_1, nothing = runs["campaign"]
+    assert "published round 0" in round_0.message and "published round 1" in round_1.message
+    states = task_states(round_1)
+    assert states and {n: set(s) for n, s in states.items() if n != "report"} == {
+        n: {"Cached"} for n in states if n != "report"
+    }
+    assert nothing.is_completed() and "nothing new to do" in nothing.message
+    store = ArtifactStore(runs["config"]["storage_url"])
+    state = json.loads(store.read_text(store.url("agent-r-tiny/campaign.json")))
+    assert [r["round"] for r in state["rounds"]] == [0, 1]
+    # Round 1 found nothing to train on: the policy stays the SFT start, and the note says why.
+    assert state["rounds"][1]["policy"] == state["rounds"][0]["policy"]
+    assert any("no training data" in n for n in state["rounds"][1]["notes"])

@@ -62,16 +62,14 @@ def prefect(tmp_path_factory, tiny_model_dir):
             [str(REPO / ".venv/bin/prefect"), "worker", "start", "--pool", "flywheel-process"],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    previous = os.environ.get("PREFECT_API_URL")
-    os.environ["PREFECT_API_URL"] = env["PREFECT_API_URL"]  # this process's client: the server
-    yield {"cli": cli, "env": env, "home": home, "worker_log": home / "worker.log"}
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    # This process's Prefect client talks to the test's server, not the ephemeral one.
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        yield {"cli": cli, "env": env, "home": home, "worker_log": home / "worker.log"}
     worker.terminate()
     worker.wait(30)
     server.stop()
-    if previous is None:
-        os.environ.pop("PREFECT_API_URL", None)
-    else:
-        os.environ["PREFECT_API_URL"] = previous
 
 
 def overrides(store: Path, *extra: str) -> list[str]:
@@ -137,6 +135,7 @@ def campaign(prefect, tmp_path_factory):
     # The first run holds the campaign once its stages subflow exists; start the second then.
     deadline = time.monotonic() + 600
     while len(flow_run_ids_of(first)) < 2 and time.monotonic() < deadline:
+        assert not read_run(first).state.is_final(), read_run(first).state.message
         time.sleep(1)
     second = start_run(prefect, broken)
     runs = {"first": wait_for(first, prefect), "second": wait_for(second, prefect)}

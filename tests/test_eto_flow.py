@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import s3fs
 from conftest import flow_run_ids, task_states
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
@@ -41,12 +42,14 @@ def s3(tmp_path_factory):
     )  # fmt: skip
     endpoint = start_s3(free_port())
     os.environ["AWS_ENDPOINT_URL"] = endpoint.url
+    s3fs.S3FileSystem.clear_instance_cache()  # a cached client would keep an older endpoint
     mlflow = start_mlflow_server(
         tmp_path_factory.mktemp("mlflow"), "s3://flywheel/mlflow", free_port()
     )
     yield {"endpoint": endpoint.url, "mlflow": mlflow.url}
     mlflow.stop()
     endpoint.stop()
+    s3fs.S3FileSystem.clear_instance_cache()
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)

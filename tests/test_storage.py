@@ -28,24 +28,23 @@ def test_unwritable_store_is_named(tmp_path):
 @pytest.fixture
 def s3_store(tmp_path, monkeypatch):
     """A real S3 endpoint on loopback (moto's server) and a bucket in it."""
-    import boto3
-    from moto.server import ThreadedMotoServer
+    import s3fs
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+    from flywheel.services import free_port, start_s3
+
     for key, value in {
         "AWS_ACCESS_KEY_ID": "test",
         "AWS_SECRET_ACCESS_KEY": "test",
         "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": endpoint,
         "FLYWHEEL_CACHE": str(tmp_path / "cache"),
     }.items():
         monkeypatch.setenv(key, value)
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="flywheel")
+    server = start_s3(free_port(), home=tmp_path)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.url)
+    s3fs.S3FileSystem.clear_instance_cache()  # a cached client would keep an older endpoint
     yield ArtifactStore("s3://flywheel/runs")
     server.stop()
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def test_s3_round_trip_of_records_manifests_and_model_folders(s3_store, tmp_path):
