@@ -100,6 +100,7 @@ def make_task_runner(cfg):
 
         # vLLM and trainers start processes of their own, which daemonic workers may not.
         dask.config.set({"distributed.worker.daemon": False})
+        share_prefect_api()
         # One thread per worker process: a stage holds a whole inference engine or trainer.
         return DaskTaskRunner(cluster_kwargs={"processes": True, "threads_per_worker": 1})
     if name == "ray":
@@ -109,6 +110,23 @@ def make_task_runner(cfg):
             raise ConfigError("task_runner: 'ray' needs `pip install prefect-ray`") from None
         return RayTaskRunner(address=address) if address else RayTaskRunner()
     raise ConfigError(f"task_runner: unknown runner {name!r}")
+
+
+def share_prefect_api() -> None:
+    """Processes started from here (Dask workers) report to this process's Prefect API: without
+    a server (`PREFECT_API_URL` unset) that is the ephemeral one, which each worker would
+    otherwise start again for itself."""
+    import os
+
+    from prefect.settings import get_current_settings
+
+    if get_current_settings().api.url or os.environ.get("PREFECT_API_URL"):
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # the process's one ephemeral server, started if need be
+    server.start()
+    os.environ["PREFECT_API_URL"] = server.api_url
 
 
 def result_storage(store: ArtifactStore):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -34,12 +35,13 @@ class Service:
     log: Path | None = None
 
     def stop(self) -> None:
+        """Stop the service and whatever it started (its own process group)."""
         if self.process and self.process.poll() is None:
-            self.process.terminate()
+            os.killpg(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(20)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                os.killpg(self.process.pid, signal.SIGKILL)
 
 
 def wait_until_up(service: Service, health_url: str, timeout_s: float = 180) -> Service:
@@ -64,8 +66,9 @@ def _spawn(name: str, cmd: list[str], log: Path, env: dict | None = None) -> sub
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
         return subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
+            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+            start_new_session=True,  # a process group of its own, stopped whole
+        )  # fmt: skip
 
 
 def start_prefect_server(home: Path, port: int = 4200, env: dict | None = None) -> Service:
@@ -125,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     home = Path(args.home).resolve()
     started: list[Service] = []
+    signal.signal(signal.SIGTERM, _exit_once)  # `kill` stops the services too
     try:
         if args.s3:
             os.environ.setdefault("AWS_ACCESS_KEY_ID", "flywheel")
@@ -149,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
             service.stop()
 
 
+def _exit_once(*_) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second TERM must not cut the clean-up short
+    sys.exit(0)
+
+
 def where_to_look(services: list[Service], s3: bool) -> str:
     prefect, mlflow = services[-2], services[-1]
     lines = [f"{s.name:<20} {s.url}" for s in services]
@@ -168,7 +177,7 @@ def where_to_look(services: list[Service], s3: bool) -> str:
         "  make deploy        # work pool + every deployment in deployments/prefect.yaml",
         "  make worker        # a process worker that runs them",
         "  .venv/bin/prefect deployment run eto-campaign/eto-campaign-textcraft \\",
-        f"      --param overrides='[\"storage_url={store}\"]'",
+        f'      --param overrides=\'["rounds=6", "storage_url={store}"]\'',
         "",
         f"Prefect UI: {prefect.url} (flow runs, failed stages, artifacts); MLflow UI: {mlflow.url}",
     ]

@@ -11,7 +11,7 @@ from prefect import flow, unmapped
 from envs import make_env
 from flywheel.records import Trajectory
 from flywheel.rollout import agent_prefix
-from flywheel.runner import run_tracked
+from flywheel.runner import run_tracked, share_prefect_api
 from flywheel.settings import ETOConfig
 from flywheel.storage import ArtifactStore
 from tasks.explore import explore_stage, shard
@@ -43,6 +43,7 @@ def cluster():
     # Each worker's vLLM engine in the worker process itself: one process start and vLLM import
     # less per shard (~1 min of this test on 2 cores); the engine is the same.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    share_prefect_api()  # as a user's workers get PREFECT_API_URL: this process's API
     with (
         # As a user's `dask worker` would run: vLLM starts its engine in a child process.
         dask.config.set({"distributed.worker.daemon": False}),
