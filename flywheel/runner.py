@@ -183,7 +183,10 @@ def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None):
     try:
         result = stages(body, cfg, store.root, tracking, list(extra))
     except BaseException as error:
-        report_failed_run(cfg, store, tracking, started, error)
+        try:
+            report_failed_run(cfg, store, tracking, started, error)
+        except Exception as report_error:  # the run's own error is the one to raise
+            print(f"could not record the failure ({report_error!r})")
         raise
     tracking.tracker().finish(tracking.parent_run_id)
     return result
@@ -197,10 +200,11 @@ def report_failed_run(cfg, store: ArtifactStore, tracking: TrackingRef, started:
     tracker.finish(tracking.parent_run_id, "FAILED")
     run_url = store.url(cfg.run_name)
     failed = []
-    for path in store.fs.glob(store._path(run_url) + f"/**/{FAILED}"):
-        record = FailedStage.model_validate_json(store.read_text(store.fs.unstrip_protocol(path)))
-        if record.failed_at >= started:
-            failed.append((record, store.fs.unstrip_protocol(path)))
+    for url in store.list_files(run_url):
+        if url.endswith(f"/{FAILED}"):
+            record = FailedStage.model_validate_json(store.read_text(url))
+            if record.failed_at >= started:  # this run's, not an older run's
+                failed.append((record, url))
     lines = [
         f"# Run `{cfg.run_name}` failed",
         "",
