@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 Role = Literal["system", "user", "assistant"]
 
@@ -87,8 +87,16 @@ class EpisodeStats(BaseModel):
         )
 
 
+class FileDigest(BaseModel):
+    size: int
+    sha256: str
+
+
 class Manifest(BaseModel):
-    """What a finished stage published: written last, so its presence means the stage finished."""
+    """What a finished stage published: written last, so its presence means the stage finished.
+
+    It is the stage's cache entry too (see `ArtifactStore.manifest`): the key it was computed
+    for, the content digests of what it read, and the size and sha256 of every file it wrote."""
 
     stage: str
     url: str
@@ -96,7 +104,25 @@ class Manifest(BaseModel):
     counts: dict[str, int] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
-    inputs_digest: str = ""  # what the stage was computed from; see ArtifactStore.manifest
+    inputs_digest: str = ""  # settings + upstream content + code version
+    upstream: dict[str, str] = Field(default_factory=dict)  # input URL -> its content digest
+    checksums: dict[str, FileDigest] = Field(default_factory=dict)  # file (relative to url)
+    code_version: str = ""
+    published_at: str = ""
+    # Set when a run found this stage finished for its key, instead of computing it.
+    _served_from_store: bool = PrivateAttr(default=False)
+
+    def relative(self, file_url: str) -> str:
+        """How `checksums` names a file: relative to the stage's folder when inside it."""
+        inside = file_url.startswith(self.url + "/")
+        return file_url[len(self.url) + 1 :] if inside else file_url
+
+    def absolute(self, name: str) -> str:
+        return name if "://" in name else f"{self.url}/{name}"
+
+    @property
+    def served_from_store(self) -> bool:
+        return self._served_from_store
 
 
 class FailedStage(BaseModel):

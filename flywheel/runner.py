@@ -19,8 +19,6 @@ def preflight(cfg) -> ArtifactStore:
     store = ArtifactStore(cfg.storage_url)
     try:
         store.check_writable()
-        for folder in ("", "models", cfg.run_name.split("/")[0]):
-            store.identity(folder)  # created here, before stages run in parallel
     except OSError as error:
         raise ConfigError(f"storage_url: {error}") from None
     check_trainer_settings(cfg)
@@ -129,24 +127,6 @@ def share_prefect_api() -> None:
     os.environ["PREFECT_API_URL"] = server.api_url
 
 
-def result_storage(store: ArtifactStore):
-    """Prefect's persisted stage results (its cache) live in the artifact store, next to the
-    files they point to: a re-run on another machine with the same store finds them. Prefect
-    wants the storage saved as a block; it holds the folder's URL, never credentials."""
-    import hashlib
-
-    from prefect.filesystems import LocalFileSystem, RemoteFileSystem
-
-    url = store.url(".prefect-results")
-    if store.is_local:
-        block = LocalFileSystem(basepath=url.removeprefix("file://"))
-    else:
-        block = RemoteFileSystem(basepath=url)
-    name = "flywheel-results-" + hashlib.sha1(url.encode()).hexdigest()[:12]
-    block.save(name, overwrite=True)
-    return block
-
-
 def start_tracking(cfg, flow_run_id: str | None) -> TrackingRef:
     tracker = Tracker(cfg.mlflow_tracking_uri, cfg.mlflow_experiment)
     name = f"{cfg.run_name}/{flow_run_id or 'local'}"
@@ -161,8 +141,9 @@ def start_tracking(cfg, flow_run_id: str | None) -> TrackingRef:
 
 @flow(name="stages", log_prints=True)
 def stages_flow(body, cfg, store_url: str, tracking: TrackingRef, extra: list | None = None):
-    """The stages of one recipe run, as a subflow: its task runner and result storage come
-    from the run's config, which a deployment's parameters only give at run time."""
+    """The stages of one recipe run, as a subflow: its task runner comes from the run's config,
+    which a deployment's parameters only give at run time. Stages keep no Prefect results: their
+    manifests in the store are the record (flywheel.stage)."""
     return body(cfg, ArtifactStore(store_url), tracking, *(extra or []))
 
 
@@ -178,7 +159,6 @@ def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None):
     stages = stages_flow.with_options(
         name=f"{flow_run.get_flow_name() or 'recipe'}-stages",
         task_runner=make_task_runner(cfg),
-        result_storage=result_storage(store),
     )
     try:
         result = stages(body, cfg, store.root, tracking, list(extra))

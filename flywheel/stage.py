@@ -1,49 +1,26 @@
 """What every stage task shares: where it stores and tracks, how it is cached, what a failure
 leaves behind.
 
-`tracking` is left out of Prefect's cache key (`STAGE_CACHE`), so a re-run with a
-new MLflow parent run still hits the cache of every finished stage; `env` enters it only through
-`EnvSettings.identity()`.
+A stage's cache is its manifest in the artifact store (`ArtifactStore.manifest`), keyed on its
+settings, the content of what it read and the code version; Prefect caches and persists nothing
+(its persisted results are pickles, and a pickle from a shared bucket is code run on load). A
+stage served from its manifest ends in a Completed state named "Cached", as Prefect's own cache
+hits do, so the UI tells the two apart.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime
 
 from prefect import task
-from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
-from prefect.utilities.hashing import hash_objects
+from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from flywheel.records import FailedStage
+from flywheel.records import FailedStage, Manifest
 from flywheel.storage import FAILED, ArtifactStore
 from flywheel.tracking import Tracker
-
-
-class StoreIdentity(CachePolicy):
-    """Keys a stage's cache on the identity of the folder it writes to (the top folder of its
-    `out_url` in `store_url`), so a result cached for a run folder or store that was deleted
-    since is not reused: its files are gone."""
-
-    def compute_key(self, task_ctx, inputs, flow_parameters, **kwargs) -> str | None:
-        store_url = inputs.get("store_url")
-        if not store_url:
-            return None
-        store = ArtifactStore(store_url)
-        return hash_objects(store.identity(store.top_folder(inputs.get("out_url") or "")))
-
-
-class EnvIdentity(CachePolicy):
-    """Keys a stage's cache on `env.identity()` instead of all environment settings: which
-    servers episodes ran on, or how many tasks the run took, does not change a stage's result."""
-
-    def compute_key(self, task_ctx, inputs, flow_parameters, **kwargs) -> str | None:
-        env = inputs.get("env")
-        return hash_objects(env.identity()) if env is not None else None
-
-
-STAGE_CACHE = (INPUTS + TASK_SOURCE) - "tracking" - "env" + StoreIdentity() + EnvIdentity()
 
 
 class TrackingRef(BaseModel):
@@ -77,11 +54,31 @@ def artifact_key(name: str) -> str:
 
 
 def stage_task(name: str):
-    """A stage: a Prefect task cached on its inputs and code, results persisted, and a failure
-    recorded next to its outputs (`record_failed_stage`)."""
-    return task(
-        name=name, cache_policy=STAGE_CACHE, persist_result=True, on_failure=[record_failed_stage]
-    )
+    """A stage: a Prefect task that Prefect neither caches nor persists (the manifest is the
+    cache), whose failure is recorded next to its outputs (`record_failed_stage`). Called
+    outside a task run (`.fn`), it returns the manifest itself."""
+
+    def decorate(function):
+        @functools.wraps(function)
+        def run_stage(*args, **kwargs):
+            from prefect.context import TaskRunContext
+            from prefect.states import Completed
+
+            result = function(*args, **kwargs)
+            in_task_run = TaskRunContext.get() is not None
+            if in_task_run and isinstance(result, Manifest) and result.served_from_store:
+                return Completed(data=result, name="Cached", message=f"{result.url} is current")
+            return result
+
+        return task(
+            run_stage,
+            name=name,
+            cache_policy=NO_CACHE,
+            persist_result=False,
+            on_failure=[record_failed_stage],
+        )
+
+    return decorate
 
 
 def record_failed_stage(task, task_run, state) -> None:

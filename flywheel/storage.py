@@ -2,6 +2,13 @@
 
 A stage writes its files under its own prefix and its `_MANIFEST.json` last: a prefix without a
 manifest is an unfinished stage, whatever else it holds, and is redone.
+
+A manifest is also the stage's cache entry. It records the size and sha256 of every file the stage
+published and the key it was computed for: the stage's settings, the content digests of the
+artifacts it read (never only their URLs: a redone stage keeps its URL) and the version of the
+code (`code_version`). A manifest for another key, or whose files no longer match, is removed and
+the stage redone. Reads verify what they read against the manifest that covers it, and local
+copies of remote artifacts are keyed on that content, so nothing stale or damaged is used.
 """
 
 from __future__ import annotations
@@ -9,19 +16,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
 import fsspec
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from flywheel.records import Manifest
+from flywheel.code_version import code_version
+from flywheel.records import FileDigest, Manifest
 
 MANIFEST = "_MANIFEST.json"
 FAILED = "_FAILED.json"  # why the stage's last attempt failed; see flywheel.stage
-STORE_ID = ".flywheel-store-id"
+BOOKKEEPING = (MANIFEST, FAILED)  # files of a stage folder that are not its output
+CHUNK = 1 << 20
 Record = TypeVar("Record", bound=BaseModel)
+
+
+class CorruptArtifact(RuntimeError):
+    """A stored file does not match the manifest of the stage that wrote it."""
 
 
 def normalise_url(url: str) -> str:
@@ -31,22 +46,32 @@ def normalise_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def inputs_digest(inputs: dict) -> str:
-    """A stable digest of a stage's inputs (records and settings included)."""
-
-    def encode(value):
-        if isinstance(value, BaseModel):
-            return value.model_dump(mode="json")
-        raise TypeError(f"cannot digest {type(value).__name__}")
-
-    text = json.dumps(inputs, sort_keys=True, default=encode)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def cache_root() -> Path:
     """Where this machine keeps what it can rebuild (models, local copies, gold paths):
     `$FLYWHEEL_CACHE`, default ~/.cache/flywheel."""
     return Path(os.environ.get("FLYWHEEL_CACHE", "~/.cache/flywheel")).expanduser()
+
+
+def digest_of_entries(entries: dict[str, str]) -> str:
+    """One digest for named file contents (name -> sha256)."""
+    text = json.dumps(sorted(entries.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_LOCAL_HASHES: dict[tuple, FileDigest] = {}  # (path, size, mtime_ns, inode) -> digest
+
+
+def hash_local_file(path: str) -> FileDigest:
+    """sha256 of a local file, remembered for this process while its size and mtime hold."""
+    stat = os.stat(path)
+    key = (path, stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if key not in _LOCAL_HASHES:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(CHUNK):
+                digest.update(block)
+        _LOCAL_HASHES[key] = FileDigest(size=stat.st_size, sha256=digest.hexdigest())
+    return _LOCAL_HASHES[key]
 
 
 class ArtifactStore:
@@ -79,6 +104,10 @@ class ArtifactStore:
     def exists(self, url: str) -> bool:
         return self.fs.exists(self._path(url))
 
+    def remove(self, url: str) -> None:
+        if self.exists(url):
+            self.fs.rm(self._path(url))
+
     def write_text(self, url: str, text: str) -> str:
         self.fs.makedirs(self._path(url).rsplit("/", 1)[0], exist_ok=True)
         with self.fs.open(self._path(url), "w") as f:
@@ -92,16 +121,26 @@ class ArtifactStore:
         return url
 
     def read_text(self, url: str) -> str:
-        with self.fs.open(self._path(url), "r") as f:
+        """A file's text, checked against its stage's manifest when one covers it."""
+        with open(self.local_file(url)) as f:
             return f.read()
 
     def write_records(self, url: str, records: list[BaseModel]) -> str:
         return self.write_text(url, "".join(r.model_dump_json() + "\n" for r in records))
 
     def read_records(self, url: str, model: type[Record]) -> list[Record]:
-        return [
-            model.model_validate_json(line) for line in self.read_text(url).splitlines() if line
-        ]
+        records = []
+        for number, line in enumerate(self.read_text(url).splitlines(), 1):
+            if not line:
+                continue
+            try:
+                records.append(model.model_validate_json(line))
+            except ValidationError as error:
+                raise CorruptArtifact(
+                    f"{url}, line {number}: not a {model.__name__} record "
+                    f"({error.error_count()} errors; first: {error.errors()[0]['msg']})"
+                ) from None
+        return records
 
     def write_json(self, url: str, data) -> str:
         return self.write_text(url, json.dumps(data, indent=2))
@@ -109,54 +148,187 @@ class ArtifactStore:
     def read_json(self, url: str):
         return json.loads(self.read_text(url))
 
-    def identity(self, folder: str = "") -> str:
-        """A random id written once into `folder` of the store (its root by default). Stage cache
-        keys include the id of the run folder they write to, so a deleted run folder or store
-        (`rm -rf runs/my-run`) never serves cached results whose files are gone."""
-        url = self.url(folder, STORE_ID) if folder else self.url(STORE_ID)
-        if not self.exists(url):
-            self.write_text(url, uuid.uuid4().hex)
-        return self.read_text(url).strip()
-
     def top_folder(self, url: str) -> str:
         """The first folder of `url` below the store's root ("" when `url` is not inside it)."""
         if not url.startswith(self.root + "/"):
             return ""
         return url[len(self.root) + 1 :].split("/", 1)[0]
 
-    # Stages -------------------------------------------------------------------------------
+    def list_files(self, url: str) -> list[str]:
+        """URLs of every file under `url`, or `url` itself when it is a file (none when absent)."""
+        if not self.exists(url):
+            return []
+        fs, path = fsspec.core.url_to_fs(url)
+        path = path.rstrip("/")
+        # Named as `url` names them: fsspec's own spelling of a protocol can differ.
+        return sorted(url if p == path else f"{url}/{p[len(path) + 1 :]}" for p in fs.find(path))
+
+    # Stages: manifests are the cache -------------------------------------------------------
+
+    def stage_key(self, inputs: dict) -> tuple[str, dict[str, str]]:
+        """The key a stage's result is cached under, and the content digest of every artifact
+        URL among `inputs` (its upstream). Settings enter as their JSON."""
+        upstream: dict[str, str] = {}
+
+        def resolve(value):
+            if isinstance(value, BaseModel):
+                return resolve(value.model_dump(mode="json"))
+            if isinstance(value, dict):
+                return {str(k): resolve(v) for k, v in value.items()}
+            if isinstance(value, list | tuple):
+                return [resolve(v) for v in value]
+            if isinstance(value, str) and self.is_artifact_url(value):
+                upstream[value] = self.content_digest(value)
+            return value
+
+        resolved = resolve(inputs)
+        text = json.dumps([resolved, upstream, code_version()], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16], upstream
+
+    def is_artifact_url(self, value: str) -> bool:
+        return value.startswith((self.root + "/", "file://"))
 
     def manifest(self, stage_url: str, inputs: dict | None = None) -> Manifest | None:
-        """The finished stage's manifest, or None if the stage has not finished.
+        """The finished stage's manifest, or None if the stage has to be (re)done.
 
-        With `inputs`, a manifest published for other inputs (a changed setting, a new model) is
-        removed and None returned, so the stage is redone rather than silently reused.
-        """
+        With `inputs`, a manifest published for another key (a changed setting, input or code)
+        is removed and None returned, so the stage is redone rather than silently reused; so is
+        one whose files no longer match it (the message names the file)."""
+        found = self.read_manifest(stage_url)
+        if found is None or inputs is None:
+            return found
+        if found.inputs_digest != self.stage_key(inputs)[0]:
+            self.remove(f"{stage_url}/{MANIFEST}")
+            return None
+        if problems := self.check_files(found):
+            print(f"stage {found.stage} ({stage_url}) is redone: " + "; ".join(problems))
+            self.remove(f"{stage_url}/{MANIFEST}")
+            return None
+        found._served_from_store = True
+        return found
+
+    def read_manifest(self, stage_url: str) -> Manifest | None:
+        """The manifest at `stage_url`, unchecked; an unreadable one counts as absent."""
         url = f"{stage_url}/{MANIFEST}"
         if not self.exists(url):
             return None
-        found = Manifest.model_validate_json(self.read_text(url))
-        if inputs is not None and found.inputs_digest != inputs_digest(inputs):
-            self.fs.rm(self._path(url))
+        try:
+            with self.fs.open(self._path(url)) as f:
+                return Manifest.model_validate_json(f.read())
+        except (ValidationError, ValueError) as error:
+            print(f"{url} is unreadable ({str(error).splitlines()[0]}); the stage is redone")
+            self.remove(url)
             return None
-        return found
 
     def publish(self, manifest: Manifest, inputs: dict | None = None) -> Manifest:
-        """Mark a stage finished: called after every file of the stage is written."""
+        """Mark a stage finished: called after every file of the stage is written. Records the
+        key it was computed for, what it read, and the size and sha256 of each of its files."""
+        update: dict = {
+            "checksums": self.file_digests(manifest),
+            "code_version": code_version(),
+            "published_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
         if inputs is not None:
-            manifest = manifest.model_copy(update={"inputs_digest": inputs_digest(inputs)})
+            update["inputs_digest"], update["upstream"] = self.stage_key(inputs)
+        manifest = manifest.model_copy(update=update)
         self.write_text(f"{manifest.url}/{MANIFEST}", manifest.model_dump_json(indent=2))
-        if self.exists(failed := f"{manifest.url}/{FAILED}"):
-            self.fs.rm(self._path(failed))  # an earlier attempt's failure is history now
+        self.remove(f"{manifest.url}/{FAILED}")  # an earlier attempt's failure is history now
         return manifest
 
-    def list_files(self, url: str) -> list[str]:
-        """URLs of every file under `url` (none when it does not exist)."""
-        if not self.exists(url):
-            return []
-        return sorted(self.fs.unstrip_protocol(p) for p in self.fs.find(self._path(url)))
+    def file_digests(self, manifest: Manifest) -> dict[str, FileDigest]:
+        """Size and sha256 of every file under the stage's folder, and of files it names
+        outside it (a model folder used in place). Keys are relative to the stage's folder."""
+        urls = set(self.list_files(manifest.url))
+        for named in manifest.files.values():
+            if not named.startswith(manifest.url + "/"):
+                urls.update(self.list_files(named))
+        return {
+            manifest.relative(u): self.hash_file(u)
+            for u in sorted(urls)
+            if u.rsplit("/", 1)[-1] not in BOOKKEEPING
+        }
 
-    # Directories (model checkpoints) --------------------------------------------------------
+    def hash_file(self, url: str) -> FileDigest:
+        """Size and sha256 of a file; a remote one is copied here on the way (`_blob`), so the
+        stage that reads it next finds it."""
+        if url.startswith("file://"):
+            return hash_local_file(self._path(url))
+        return self._blob(url)[1]
+
+    def check_files(self, manifest: Manifest, under: str | None = None) -> list[str]:
+        """What no longer matches the manifest: files missing, resized or changed (only those
+        under the URL `under`, when given). Remote files are checked as they are copied here."""
+        problems = []
+        for name, expected in manifest.checksums.items():
+            url = manifest.absolute(name)
+            if under and not (url == under or url.startswith(under + "/")):
+                continue
+            try:
+                found = self._current_digest(url, expected)
+            except FileNotFoundError:
+                problems.append(f"{url} is missing")
+                continue
+            if found.size != expected.size:
+                problems.append(f"{url} has {found.size} bytes, its manifest says {expected.size}")
+            elif found.sha256 != expected.sha256:
+                problems.append(
+                    f"{url} has changed (sha256 {found.sha256[:12]}, manifest {expected.sha256[:12]})"
+                )
+        return problems
+
+    def _current_digest(self, url: str, expected: FileDigest) -> FileDigest:
+        if url.startswith("file://"):
+            return hash_local_file(self._path(url))
+        return self._blob(url, expected)[1]
+
+    def covering_manifest(self, url: str) -> Manifest | None:
+        """The manifest of the stage whose folder holds `url` (None for unmanaged URLs)."""
+        if not url.startswith(self.root + "/"):
+            return None
+        folder = url
+        while len(folder) > len(self.root):
+            found = self.read_manifest(folder)
+            if found is not None:
+                return found
+            folder = folder.rsplit("/", 1)[0]
+        return None
+
+    def content_digest(self, url: str) -> str:
+        """A digest of what `url` (a file or folder) holds: from its stage's manifest when one
+        covers it, else by reading it."""
+        owner = self.covering_manifest(url)
+        if owner is not None:
+            entries = {}
+            for name, digest in owner.checksums.items():
+                full = owner.absolute(name)
+                if full == url or full.startswith(url + "/"):
+                    entries[full[len(url) :]] = digest.sha256
+            if entries:
+                return digest_of_entries(entries)
+        files = self.list_files(url)
+        if not files:
+            return "absent"
+        return digest_of_entries({u[len(url) :]: self.hash_file(u).sha256 for u in files})
+
+    def verified(self, url: str) -> None:
+        """Raise `CorruptArtifact` when `url` does not match the manifest of the stage that wrote
+        it; that manifest is removed, so the next run redoes the stage."""
+        owner = self.covering_manifest(url)
+        if owner is None:
+            return
+        if problems := self.check_files(owner, under=url):
+            self.remove(f"{owner.url}/{MANIFEST}")
+            raise CorruptArtifact(
+                f"{'; '.join(problems)}: written by stage {owner.stage!r} ({owner.url}), whose "
+                "manifest is now removed; run again to redo that stage"
+            )
+
+    # Local copies ------------------------------------------------------------------------
+
+    def write_dir(self, url: str) -> Path:
+        """The local folder a stage writes `url` into (local stores only)."""
+        assert self.is_local, "write_dir is for file:// stores"
+        return Path(self._path(url))
 
     def upload_dir(self, local_dir: Path, url: str) -> str:
         local_dir = Path(local_dir)
@@ -168,24 +340,63 @@ class ArtifactStore:
         return url
 
     def local_dir(self, url: str) -> Path:
-        """A local folder holding `url`'s files: the folder itself on file://, else a cached copy."""
+        """A local folder holding `url`'s files, checked against their manifest: the folder
+        itself on file://, else a copy keyed on the files' content."""
+        self.verified(url)
         if url.startswith("file://"):
             return Path(self._path(url))
-        digest = hashlib.sha1(url.encode()).hexdigest()[:16]
-        target = self.cache_dir / "downloads" / digest
-        done = target / ".complete"
-        if not done.exists():
-            self.fs.get(self._path(url).rstrip("/") + "/", str(target) + "/", recursive=True)
-            done.touch()
+        owner = self.covering_manifest(url)
+        expected = owner.checksums if owner else {}
+        blobs = {}
+        for u in self.list_files(url):
+            blobs[u[len(url) + 1 :]] = self._blob(
+                u, expected.get(owner.relative(u)) if owner else None
+            )
+        tree = digest_of_entries({name: digest.sha256 for name, (_, digest) in blobs.items()})
+        target = self.cache_dir / "downloads" / f"tree-{tree}"
+        if not (target / ".complete").exists():
+            for name, (blob, _) in blobs.items():
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                link_or_copy(blob, target / name)
+            (target / ".complete").touch()
         return target
 
     def local_file(self, url: str) -> Path:
+        """A local path holding `url`, checked against its manifest (a content-keyed copy for
+        remote stores)."""
+        self.verified(url)
         if url.startswith("file://"):
             return Path(self._path(url))
-        digest = hashlib.sha1(url.encode()).hexdigest()[:16]
-        target = self.cache_dir / "downloads" / f"{digest}-{url.rsplit('/', 1)[-1]}"
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get_file(self._path(url), str(target) + ".part")
-            os.replace(str(target) + ".part", target)
-        return target
+        owner = self.covering_manifest(url)
+        expected = owner.checksums.get(owner.relative(url)) if owner else None
+        return self._blob(url, expected)[0]
+
+    def _blob(self, url: str, expected: FileDigest | None = None) -> tuple[Path, FileDigest]:
+        """A local copy of the remote file `url`, stored under its sha256. With `expected`, a
+        copy already here is used without downloading."""
+        blobs = self.cache_dir / "downloads" / "blobs"
+        name = url.rsplit("/", 1)[-1]
+        if expected is not None:
+            known = blobs / expected.sha256 / name
+            if known.exists() and known.stat().st_size == expected.size:
+                return known, expected
+        blobs.mkdir(parents=True, exist_ok=True)
+        part = blobs / f".{uuid.uuid4().hex}.part"
+        try:
+            self.fs.get_file(self._path(url), str(part))
+            digest = hash_local_file(str(part))
+            target = blobs / digest.sha256 / name
+            target.parent.mkdir(exist_ok=True)
+            os.replace(part, target)
+        finally:
+            part.unlink(missing_ok=True)
+        return target, digest
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    if target.exists():
+        return
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)

@@ -31,7 +31,7 @@ def prepare_model(store: ArtifactStore, base: str, out_url: str | None = None) -
             source = make_tiny_model(store.cache_dir / "models" / "tiny", source)
         model_url = f"{out_url}/model"
         if store.is_local:
-            shutil.copytree(source, store.local_dir(model_url), dirs_exist_ok=True)
+            shutil.copytree(source, store.write_dir(model_url), dirs_exist_ok=True)
         else:
             store.upload_dir(source, model_url)
     manifest = Manifest(stage="prepare-model", url=out_url, files={"model": model_url})

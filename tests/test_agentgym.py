@@ -305,10 +305,10 @@ def test_a_hanging_server_times_out_with_a_clear_error():
 
 def test_server_settings_are_checked_kept_by_the_cli_and_out_of_cache_keys():
     from flywheel.settings import ETOConfig, load_config, validate_config
-    from flywheel.stage import STAGE_CACHE
+    from flywheel.storage import ArtifactStore
 
-    def key(env):
-        return STAGE_CACHE.compute_key(None, {"env": env, "tasks": ["a"]}, {})
+    def key(env):  # as stages key on their environment
+        return ArtifactStore("memory://keys").stage_key({"env": env.identity(), "tasks": ["a"]})
 
     one = EnvSettings(servers=["http://10.0.0.1:36001"])
     other = EnvSettings(servers=["http://10.0.0.2:36001", "http://10.0.0.3:36001"], test_tasks=3)

@@ -1,10 +1,11 @@
 """The whole `eto` flow with the tiny model on object storage: a DPO failure, a resume at DPO, a
-fully cached re-run from S3 alone.
+fully cached re-run from S3 alone, and a changed DPO setting that redoes exactly DPO and the
+evaluation of its model.
 
 Real TextCraft, real vLLM (CPU), real trl trainers in subprocesses, real Prefect (ephemeral
-server), an S3 endpoint on loopback (moto's server) holding every artifact and Prefect's persisted
-results, and an MLflow server whose artifacts go to the same S3. The DPO failure is a real one: a
-`max_length` no pair fits in.
+server), an S3 endpoint on loopback (moto's server) holding every artifact and manifest (the
+stages' cache), and an MLflow server whose artifacts go to the same S3. The DPO failure is a real
+one: a `max_length` no pair fits in.
 """
 
 from __future__ import annotations
@@ -88,7 +89,14 @@ def runs(s3, tiny_model_dir):
     shutil.rmtree(Path(os.environ["PREFECT_HOME"]) / "storage", ignore_errors=True)
     cached = eto(config=config, return_state=True)
     release_vllm()
-    return {"config": config, "failed": failed, "resumed": resumed, "cached": cached}
+    store = ArtifactStore(config["storage_url"])
+    before = store.read_manifest(store.url("eto-tiny/evaluate/eto-round-1"))
+    retuned = eto(config={**config, "dpo": {**config["dpo"], "beta": 0.5}}, return_state=True)
+    release_vllm()
+    return {
+        "config": config, "failed": failed, "resumed": resumed, "cached": cached,
+        "retuned": retuned, "evaluation_before": before,
+    }  # fmt: skip
 
 
 def test_dpo_failure_fails_the_run_and_names_the_cause(runs):
@@ -125,6 +133,27 @@ def test_second_run_is_entirely_cached_and_reports_the_same_table(runs):
     assert runs["cached"].result() == runs["resumed"].result()
 
 
+def test_a_changed_setting_redoes_exactly_its_stage_and_what_used_its_output(runs):
+    retuned = runs["retuned"]
+    assert retuned.is_completed()
+    states = task_states(retuned)
+    assert states["dpo"] == ["Completed"]
+    assert states["evaluate"] == ["Cached", "Cached", "Completed"]  # untrained, sft, round 1
+    unchanged = ["prepare-model", "expert-trajectories", "sft", "explore-shard", "build-pairs"]
+    for stage in unchanged:
+        assert set(states[stage]) == {"Cached"}, (stage, states[stage])
+    # The table's round-1 numbers are those of the retrained model, not the earlier one.
+    store = ArtifactStore(runs["config"]["storage_url"])
+    model_url = store.url("eto-tiny/round-1/dpo/model")
+    evaluation = store.read_manifest(store.url("eto-tiny/evaluate/eto-round-1"))
+    before = runs["evaluation_before"]
+    assert evaluation.upstream[model_url] == store.content_digest(model_url)
+    assert evaluation.upstream[model_url] != before.upstream[model_url]
+    row = retuned.result()[-1]
+    assert row["stage"] == "eto-round-1"
+    assert row["success_rate"] == evaluation.metrics["success_rate"]
+
+
 def test_results_reach_storage_mlflow_and_prefect_artifacts(runs):
     store = ArtifactStore(runs["config"]["storage_url"])
     run_url = store.url("eto-tiny")
@@ -138,7 +167,7 @@ def test_results_reach_storage_mlflow_and_prefect_artifacts(runs):
     experiment = client.get_experiment_by_name("flywheel")
     all_runs = client.search_runs([experiment.experiment_id])
     parents = [r for r in all_runs if "mlflow.parentRunId" not in r.data.tags]
-    assert len(parents) == 3  # one per flow run
+    assert len(parents) == 4  # one per flow run
     children = {r.data.tags["mlflow.runName"] for r in all_runs if r not in parents}
     assert {"sft/expert", "dpo/round-1", "evaluate/eto-round-1"} <= children
     sft_run = next(r for r in all_runs if r.data.tags.get("mlflow.runName") == "sft/expert")
@@ -156,9 +185,13 @@ def test_results_reach_storage_mlflow_and_prefect_artifacts(runs):
     assert found and "eto-round-1" in found[0].data and "data:image/png;base64" in found[0].data
 
 
-def test_stage_caches_and_results_live_on_s3(runs):
+def test_stage_caches_are_checksummed_manifests_on_s3_and_nothing_is_pickled(runs):
     store = ArtifactStore("s3://flywheel/runs")
-    assert store.list_files(store.url(".prefect-results")), "no Prefect results on S3"
+    sft = store.read_manifest(store.url("eto-tiny/sft"))
+    assert "model/config.json" in sft.checksums and sft.inputs_digest and sft.code_version
+    assert not store.list_files(store.url(".prefect-results"))
+    local_results = Path(os.environ["PREFECT_HOME"]) / "storage"
+    assert not (local_results.exists() and any(local_results.iterdir()))
     client = MlflowClient(runs["config"]["mlflow_tracking_uri"])
     experiment = client.get_experiment_by_name("flywheel")
     assert experiment.artifact_location.startswith("mlflow-artifacts:")  # proxied by the server
@@ -170,7 +203,7 @@ def test_credentials_never_reach_logs_artifacts_or_runs(runs):
 
     with get_client(sync_client=True) as prefect:
         ids = [
-            i for s in ("failed", "resumed", "cached")
+            i for s in ("failed", "resumed", "cached", "retuned")
             for i in flow_run_ids(prefect, runs[s].state_details.flow_run_id)
         ]  # fmt: skip
         logs = prefect.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))

@@ -100,7 +100,7 @@ def train_to_store(
 
     with tempfile.TemporaryDirectory(prefix="flywheel-train-") as folder:
         scratch = Path(folder)  # job file, log, trl's work folder; removed when done
-        output = store.local_dir(f"{out_url}/model") if store.is_local else scratch / "model"
+        output = store.write_dir(f"{out_url}/model") if store.is_local else scratch / "model"
         job = TrainingJob(
             model_dir=str(store.local_dir(model_url)),
             data_file=str(store.local_file(data_url)),
