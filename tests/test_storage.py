@@ -150,7 +150,8 @@ def test_a_change_to_the_code_redoes_every_stage(tmp_path, monkeypatch):
 def test_code_version_covers_every_stage_module_and_library_versions(tmp_path, monkeypatch):
     from flywheel import code_version as module
 
-    for package in module.STAGE_PACKAGES:
+    stage_packages = ["flywheel", "tasks", "envs", "training"]  # what stages run
+    for package in stage_packages:
         (tmp_path / package / "sub").mkdir(parents=True)
         (tmp_path / package / "sub" / "stage.py").write_text("x = 1\n")
     (tmp_path / "flows").mkdir()
@@ -165,7 +166,7 @@ def test_code_version_covers_every_stage_module_and_library_versions(tmp_path, m
     try:
         (tmp_path / "flows" / "eto.py").write_text("x = 2\n")  # flows only call stages
         assert version() == first
-        for package in module.STAGE_PACKAGES:
+        for package in stage_packages:
             (tmp_path / package / "sub" / "stage.py").write_text("x = 2\n")
             assert version() != first, package
             (tmp_path / package / "sub" / "stage.py").write_text("x = 1\n")
