@@ -14,8 +14,10 @@ import functools
 import re
 from datetime import UTC, datetime
 
-from prefect import task
+from prefect import Task
 from prefect.cache_policies import NO_CACHE
+from prefect.context import TaskRunContext
+from prefect.states import Completed, State
 from pydantic import BaseModel
 
 from flywheel.records import FailedStage, Manifest
@@ -53,6 +55,17 @@ def artifact_key(name: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", name.rstrip("/").rsplit("/", 1)[-1].lower()).strip("-")
 
 
+class StageTask(Task):
+    """A Prefect task whose function may end it in a state of its own ("Cached"); a direct call
+    still returns the value, as for any task (Prefect would hand back the state itself)."""
+
+    def __call__(self, *args, return_state: bool = False, wait_for=None, **kwargs):
+        result = super().__call__(*args, return_state=return_state, wait_for=wait_for, **kwargs)
+        if not return_state and isinstance(result, State):
+            return result.result()
+        return result
+
+
 def stage_task(name: str):
     """A stage: a Prefect task that Prefect neither caches nor persists (the manifest is the
     cache), whose failure is recorded next to its outputs (`record_failed_stage`). Called
@@ -61,16 +74,13 @@ def stage_task(name: str):
     def decorate(function):
         @functools.wraps(function)
         def run_stage(*args, **kwargs):
-            from prefect.context import TaskRunContext
-            from prefect.states import Completed
-
             result = function(*args, **kwargs)
             in_task_run = TaskRunContext.get() is not None
             if in_task_run and isinstance(result, Manifest) and result.served_from_store:
                 return Completed(data=result, name="Cached", message=f"{result.url} is current")
             return result
 
-        return task(
+        return StageTask(
             run_stage,
             name=name,
             cache_policy=NO_CACHE,
@@ -86,7 +96,6 @@ def record_failed_stage(task, task_run, state) -> None:
     input URLs, what the stage had written, the MLflow run) and show it as a Prefect artifact,
     so a person can open a failed stage's inputs and partial outputs from the UI."""
     from prefect.artifacts import create_markdown_artifact
-    from prefect.context import TaskRunContext
 
     context = TaskRunContext.get()
     params = context.parameters if context else {}

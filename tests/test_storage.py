@@ -105,6 +105,12 @@ def test_a_stage_is_served_from_its_manifest_as_cached_until_its_folder_is_delet
     again = one_stage(str(store_dir))
     assert (first.name, again.name) == ("Completed", "Cached")
     assert again.result().checksums["data.txt"].size == len("finished")
+
+    @flow
+    def called_directly(store_url: str):
+        return write_stage(store_url, ArtifactStore(store_url).url("run", "stage"))
+
+    assert isinstance(called_directly(str(store_dir)), Manifest)  # a value, not the state
     shutil.rmtree(store_dir / "run")  # one run folder
     assert one_stage(str(store_dir)).name == "Completed"
     assert (store_dir / "run" / "stage" / "data.txt").read_text() == "finished"
