@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 
 import httpx
 import pytest
@@ -170,6 +171,23 @@ def test_a_body_is_bounded_in_size_and_nesting_but_not_below_the_limits(http):
     assert http.post("/step", content=body).status_code == 400
     text = json.dumps({"id": env_id, "action": "inventory", "x": "[{" * 10_000})
     assert http.post("/step", content=text).status_code == 200
+
+
+def test_a_body_declared_too_large_is_refused_before_it_is_sent(server):
+    """The server answers 413 on the headers alone, so it neither waits for nor reads a body
+    that would only be refused (here the client never sends it)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as connection:
+        connection.sendall(
+            b"POST /step HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1073741824\r\n\r\n{"
+        )
+        answer = b""
+        while not answer.endswith(b"}") and (chunk := connection.recv(65536)):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413 "), answer
+    assert answer.decode().endswith(
+        json.dumps({"error": f"the request body is over {MAX_BODY_BYTES} bytes"})
+    )
 
 
 def _depth(levels: int):
