@@ -205,7 +205,7 @@ class EnvService:
         if not isinstance(body, dict):
             raise _ClientError(f"a /step body must be a JSON object, not {_json_type(body)}")
         env_id = body.get(key)
-        if isinstance(env_id, str) and env_id.isdigit():
+        if isinstance(env_id, str) and _DECIMAL_ID.fullmatch(env_id):
             env_id = int(env_id)  # query strings arrive as text
         if isinstance(env_id, bool) or not isinstance(env_id, int):
             raise _ClientError(f"the request needs an integer {key!r}")
@@ -214,6 +214,11 @@ class EnvService:
             raise _ClientError(f"{UNKNOWN_ID} {env_id} (the server may have restarted)", 404)
         session.last_used = time.monotonic()
         return env_id, session
+
+
+# An id in a query string: ASCII digits only (`str.isdigit` takes "²", which `int` refuses), and
+# few enough that `int` stays cheap.
+_DECIMAL_ID = re.compile(r"[0-9]{1,20}")
 
 
 class _ClientError(ValueError):

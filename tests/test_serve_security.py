@@ -124,9 +124,12 @@ def test_session_errors_keep_their_status_and_quotes(http):
     assert post("/flywheel/step", {"steps": [[env_id]]}) == (
         200, {"results": [{"error": "a /step body must be a JSON object, not an array"}]}
     )  # fmt: skip
-    observation = http.get("/observation", params={"id": "x"})
-    assert observation.status_code == 400
-    assert observation.json() == {"error": "the request needs an integer 'id'"}
+    for text in ("x", "²", "9" * 5000):
+        observation = http.get("/observation", params={"id": text})
+        assert observation.status_code == 400, text
+        assert observation.json() == {"error": "the request needs an integer 'id'"}
+    observation = http.get("/observation", params={"id": str(env_id)})
+    assert (observation.status_code, observation.json()) == (200, "")
 
 
 def test_an_environment_failure_is_a_500_with_its_message_intact(textcraft):
