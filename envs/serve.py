@@ -504,6 +504,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     token = args.token or os.environ.get(TOKEN_ENV) or None
+    if token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"warning: serving on {args.host} without a token (--token or ${TOKEN_ENV}): "
+            "anyone who can reach the port can use it",
+            file=sys.stderr,
+        )
     app = create_app(env, args.dialect, args.session_ttl, token, args.max_body_bytes)
     service = app.state.service
     print(
