@@ -48,7 +48,9 @@ def new_session(http, data_idx: int | None = 0) -> int:
 def test_session_ids_are_random_large_and_exact_in_json(textcraft):
     from starlette.testclient import TestClient
 
-    for dialect, id_of in [("textcraft", lambda a: a["id"]), ("webshop", lambda a: a)]:
+    by_dialect = [("textcraft", lambda a: a["id"]), ("sciworld", lambda a: a["id"]),
+                  ("webshop", lambda a: a)]  # fmt: skip
+    for dialect, id_of in by_dialect:
         client = TestClient(create_app(textcraft, dialect))
         ids = [id_of(client.post("/create").json()) for _ in range(50)]
         assert len(set(ids)) == 50
