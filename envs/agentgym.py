@@ -11,9 +11,12 @@ a `Dialect` holds one server family's field names:
 - WebShop: id field `env_idx`; `/create` answers a bare int; `/reset` takes `session_id` and answers
   `[observation, null]`; `/step` answers `{"state", "reward", "done", "info"}`, reward in [0, 1].
 
-Errors: AgentGym servers answer many errors as HTTP 200 with an `error` field; those, other HTTP
-statuses and answers that are not the expected JSON raise `AgentGymError` naming the server, the
-endpoint and what came back. Connection failures are retried with back-off; a server that stays
+Errors: AgentGym servers answer many errors as HTTP 200 with an `error` field (Flywheel's with a
+4xx or 5xx status and the same field); those, other HTTP statuses and answers that are not the
+expected JSON raise `AgentGymError` naming the server, the endpoint and what came back. A server
+started with a token (`serve-env --token`) is sent `$FLYWHEEL_ENV_TOKEN` as a bearer token: it is
+read from the environment only, never from a config, so it stays out of run parameters, logs and
+cache keys. Connection failures are retried with back-off; a server that stays
 down, hangs past the timeout or restarted (it no longer knows the episode's id) does not end the
 episode: it is re-created on a live server (the same one once it is back), its actions so far are
 replayed and checked against the observations already seen, and the step is retried there.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +58,8 @@ class LostEpisode(RuntimeError):
 # What Flywheel's server answers for an id it does not know (it restarted). Matched exactly:
 # a looser match would turn an environment's own errors into endless recoveries.
 UNKNOWN_ID = "unknown environment id"
+# The bearer token Flywheel's servers require when started with one; the client sends it too.
+TOKEN_ENV = "FLYWHEEL_ENV_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -149,7 +155,10 @@ class Server:
         self.down_until = 0.0
         timeout = httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)
         self._http = httpx.Client(
-            base_url=self.url, timeout=timeout, limits=httpx.Limits(max_connections=256)
+            base_url=self.url,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=256),
+            headers=_auth_headers(),
         )
 
     def post(self, path: str, body: dict, env_id: int | None = None) -> Any:
@@ -182,25 +191,29 @@ class Server:
         return self._answer(path, response)
 
     def _answer(self, path: str, response: httpx.Response) -> Any:
-        where = f"{self.url}{path}"
-        if response.status_code in (502, 503, 504):  # a proxy or balancer without its server
+        where, status = f"{self.url}{path}", response.status_code
+        if status in (502, 503, 504):  # a proxy or balancer without its server
             self.down_until = time.monotonic() + self.settings.down_for_s
-            raise ServerUnavailable(f"{where} answered HTTP {response.status_code}")
-        if response.status_code != 200:
-            raise AgentGymError(
-                f"{where} answered HTTP {response.status_code}: {response.text[:200]}",
-                response.status_code,
-            )
-        try:
-            answer = response.json()
-        except ValueError:
-            raise AgentGymError(f"{where} answered non-JSON: {response.text[:120]!r}") from None
-        if isinstance(answer, dict) and "error" in answer:
+            raise ServerUnavailable(f"{where} answered HTTP {status}")
+        if status == 200:
+            try:
+                answer = response.json()
+            except ValueError:
+                raise AgentGymError(f"{where} answered non-JSON: {response.text[:120]!r}") from None
+            if not (isinstance(answer, dict) and "error" in answer):
+                return answer
             message = str(answer["error"])
-            if message.startswith(UNKNOWN_ID):
-                raise LostEpisode(f"{where}: {message}")
-            raise AgentGymError(f"{where} answered an error: {message}")
-        return answer
+        else:
+            message = _error_message(response)
+        # Flywheel's servers answer an unknown id with 404, AgentGym-style ones with 200.
+        if status in (200, 404) and message.startswith(UNKNOWN_ID):
+            raise LostEpisode(f"{where}: {message}")
+        if status == 401:
+            hint = "check" if os.environ.get(TOKEN_ENV) else "set"
+            raise AgentGymError(f"{where} answered HTTP 401: {message}; {hint} ${TOKEN_ENV}", 401)
+        if status != 200:
+            raise AgentGymError(f"{where} answered HTTP {status}: {message}", status)
+        raise AgentGymError(f"{where} answered an error: {message}")
 
     def available(self) -> bool:
         return time.monotonic() >= self.down_until
@@ -363,6 +376,22 @@ class RemoteEpisode(Episode):
             self.pool.release(remote.server)
 
 
+def _error_message(response: httpx.Response) -> str:
+    """An error answer's `error` field (Flywheel's servers send one), else the start of its text."""
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and "error" in answer:
+        return str(answer["error"])
+    return response.text[:200]
+
+
+def _auth_headers() -> dict[str, str]:
+    token = os.environ.get(TOKEN_ENV)
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def _parsed(server: Server, parse: Callable, *args):
     """`parse(*args)`, its protocol errors naming the server (the dialect knows only fields)."""
     try:
@@ -477,7 +506,9 @@ class RemoteEnv(Environment):
         try:
             answer = server.post("/flywheel/step", {"steps": bodies})
         except AgentGymError as error:
-            if error.status in (404, 405):  # not a Flywheel server after all: one by one
+            # 404, 405: not a Flywheel server after all; other 4xx: the request was refused as
+            # a whole, before any step (too large, say). Either way no step was taken: one by one.
+            if 400 <= error.status < 500:
                 return [None] * len(moves)
             answer = None  # it failed somewhere in the batch: which steps were taken is unknown
         except (ServerUnavailable, LostEpisode):

@@ -9,8 +9,14 @@ the environment's train tasks followed by its test tasks. Beyond AgentGym's endp
 `GET /flywheel` (environment, dialect, a digest of the task list: clients check they agree),
 `GET /tasks` (the task ids in `data_idx` order) and `POST /flywheel/step` (many sessions' steps in
 one request: `{"steps": [<a /step body>, ...]}` answers `{"results": [<its /step answer>, ...]}`).
-Errors come back as HTTP 200 with an `error` field, as AgentGym's servers do. Bound to 127.0.0.1
-unless `--host` says otherwise: the protocol has no authentication.
+Errors come back as `{"error": message}`, as AgentGym's servers answer them, with an HTTP status
+that says what went wrong: 400 a malformed request (not JSON, not an object, nested deeper than
+`MAX_JSON_DEPTH`, a missing or mistyped field), 401 a missing or wrong token, 404 an unknown
+session id, 409 a session in the wrong state (no task yet, task finished), 413 a body over
+`--max-body-bytes`, 500 the environment failed. Session ids are random, so one client cannot step
+or close another's episode by guessing; with `--token` (or `$FLYWHEEL_ENV_TOKEN`) every request
+but `GET /` needs `Authorization: Bearer <token>`. Bound to 127.0.0.1 unless `--host` says
+otherwise.
 """
 
 from __future__ import annotations
@@ -19,14 +25,33 @@ import argparse
 import functools
 import itertools
 import json
+import os
+import re
+import secrets
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.agentgym import DIALECTS, UNKNOWN_ID, dialect_of, served_task_ids, tasks_digest
+from envs.agentgym import (
+    DIALECTS,
+    TOKEN_ENV,
+    UNKNOWN_ID,
+    dialect_of,
+    served_task_ids,
+    tasks_digest,
+)
 from envs.base import Environment, Episode
+
+# The default `--max-body-bytes`: a batched step of 256 episodes is ~20 KiB.
+MAX_BODY_BYTES = 1 << 20
+# The protocol's bodies nest at most 3 deep (`{"steps": [{...}]}`); the limit only has to stop a
+# body from driving the JSON parser's recursion (or anything that walks the value) too deep.
+MAX_JSON_DEPTH = 32
+# Session ids: random, so guessing another client's is hopeless, and below 2**53, so they stay
+# exact in every JSON parser (JavaScript's numbers, jq), not only in Python's.
+SESSION_ID_BITS = 53
 
 
 @dataclass
@@ -58,7 +83,6 @@ class EnvService:
         self.tasks = served_task_ids(env)
         self.digest = tasks_digest(self.tasks)
         self._sessions: dict[int, _Session] = {}
-        self._ids = itertools.count()
         self._lock = threading.Lock()
 
     def info(self) -> dict:
@@ -77,7 +101,7 @@ class EnvService:
 
     def create(self, body: dict | None = None) -> Any:
         with self._lock:
-            env_id = next(self._ids)
+            env_id = self._unused_session_id()
             self._sessions[env_id] = _Session()
             cutoff = time.monotonic() - self.session_ttl_s
             idle = [i for i, s in self._sessions.items() if s.last_used < cutoff]
@@ -89,6 +113,11 @@ class EnvService:
         if self.dialect.name == "sciworld":
             return {"id": env_id}
         return {"id": env_id, "observation": "", "done": False, "reward": 0}
+
+    def _unused_session_id(self) -> int:
+        while (env_id := secrets.randbits(SESSION_ID_BITS)) in self._sessions:
+            pass
+        return env_id
 
     def reset(self, body: dict) -> Any:
         env_id, session = self._session(body)
@@ -132,9 +161,9 @@ class EnvService:
             raise _ClientError("'action' must be a string")
         with session.lock:
             if session.episode is None:
-                raise _ClientError(f"environment {env_id} has no task: call /reset first")
+                raise _ClientError(f"environment {env_id} has no task: call /reset first", 409)
             if session.done:
-                raise _ClientError(f"The task with environment {env_id} has finished.")
+                raise _ClientError(f"The task with environment {env_id} has finished.", 409)
             result = session.episode.step(action)
             session.observation, session.done = result.observation, result.done
             session.score += result.reward
@@ -152,7 +181,8 @@ class EnvService:
         steps = body.get("steps")
         if not isinstance(steps, list):
             raise _ClientError("'steps' must be a list of /step request bodies")
-        return {"results": self.env.in_parallel(functools.partial(_answer, self.step), steps)}
+        answers = self.env.in_parallel(functools.partial(_answer, self.step), steps)
+        return {"results": [answer for _, answer in answers]}
 
     def observation(self, query: dict) -> str:
         return self._session(query)[1].observation
@@ -172,28 +202,45 @@ class EnvService:
 
     def _session(self, body: dict) -> tuple[int, _Session]:
         key = self.dialect.id_field
-        env_id = body.get(key) if isinstance(body, dict) else None
-        if isinstance(env_id, str) and env_id.isdigit():
+        if not isinstance(body, dict):
+            raise _ClientError(f"a /step body must be a JSON object, not {_json_type(body)}")
+        env_id = body.get(key)
+        if isinstance(env_id, str) and _DECIMAL_ID.fullmatch(env_id):
             env_id = int(env_id)  # query strings arrive as text
         if isinstance(env_id, bool) or not isinstance(env_id, int):
             raise _ClientError(f"the request needs an integer {key!r}")
         session = self._sessions.get(env_id)
         if session is None:
-            raise _ClientError(f"{UNKNOWN_ID} {env_id} (the server may have restarted)")
+            raise _ClientError(f"{UNKNOWN_ID} {env_id} (the server may have restarted)", 404)
         session.last_used = time.monotonic()
         return env_id, session
 
 
+# An id in a query string: ASCII digits only (`str.isdigit` takes "²", which `int` refuses), and
+# few enough that `int` stays cheap.
+_DECIMAL_ID = re.compile(r"[0-9]{1,20}")
+
+
 class _ClientError(ValueError):
-    """A request the protocol does not allow; answered as `{"error": ...}`."""
+    """A request the protocol does not allow; answered with `status` and `{"error": message}`."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message, self.status = message, status
 
 
-def create_app(env: Environment, dialect: str | None = None, session_ttl_s: float = 3600):
+def create_app(
+    env: Environment,
+    dialect: str | None = None,
+    session_ttl_s: float = 3600,
+    token: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+):
     """The service as an ASGI app (Starlette: the protocol is small enough that FastAPI's request
-    validation would only add latency; bodies are checked by `EnvService`)."""
+    validation would only add latency; bodies are checked by `EnvService`). With `token`, every
+    request but `GET /` needs `Authorization: Bearer <token>`."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
-    from starlette.responses import Response
     from starlette.routing import Route
 
     service = EnvService(env, dialect or dialect_of(env.name), session_ttl_s)
@@ -202,31 +249,26 @@ def create_app(env: Environment, dialect: str | None = None, session_ttl_s: floa
     # step never holds up the others'.
     inline = env.step_workers == 1
 
-    def endpoint(call, reads: str | None = "body"):
+    def endpoint(call, reads: str | None = "body", public: bool = False):
         """`call` gets the JSON body ("body"), the query parameters ("query") or nothing."""
 
         async def handle(request):
-            args = ()
-            if reads == "query":
-                args = (dict(request.query_params),)
-            elif reads == "body":
-                raw = await request.body()
-                try:
-                    args = (json.loads(raw) if raw else {},)
-                except ValueError:
-                    return _json({"error": "the request body is not JSON"})
-            result = (
-                _answer(call, *args) if inline else await run_in_threadpool(_answer, call, *args)
-            )
-            return _json(result)
+            try:
+                if not public:
+                    _check_token(request, token)
+                args = await _request_args(request, reads, max_body_bytes)
+            except _ClientError as error:
+                return _error_response(error.status, error.message)
+            if inline:
+                status, answer = _answer(call, *args)
+            else:
+                status, answer = await run_in_threadpool(_answer, call, *args)
+            return _json_response(status, answer)
 
         return handle
 
-    def _json(value) -> Response:
-        return Response(json.dumps(value), media_type="application/json")
-
     routes = [
-        Route("/", endpoint(service.hello, None), methods=["GET"]),
+        Route("/", endpoint(service.hello, None, public=True), methods=["GET"]),
         Route("/flywheel", endpoint(service.info, None), methods=["GET"]),
         Route("/tasks", endpoint(service.task_list, None), methods=["GET"]),
         Route("/create", endpoint(service.create), methods=["POST"]),
@@ -242,13 +284,98 @@ def create_app(env: Environment, dialect: str | None = None, session_ttl_s: floa
     return app
 
 
-def _answer(call, *args):
+def _check_token(request, token: str | None) -> None:
+    if token is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        raise _ClientError(f"this server needs 'Authorization: Bearer <token>' (${TOKEN_ENV})", 401)
+    # In constant time: a timing difference would tell a guesser how much of the token is right.
+    if not secrets.compare_digest(given.encode(), token.encode()):
+        raise _ClientError("wrong bearer token", 401)
+
+
+async def _request_args(request, reads: str | None, max_body_bytes: int) -> tuple:
+    if reads == "query":
+        return (dict(request.query_params),)
+    if reads == "body":
+        return (_parse_body(await _read_body(request, max_body_bytes)),)
+    return ()
+
+
+async def _read_body(request, max_body_bytes: int) -> bytes:
+    """The body, refused (413) once it is over `max_body_bytes`: by its declared length before
+    reading any of it, and while reading a chunked one, so it is never held in memory whole."""
+    too_large = _ClientError(f"the request body is over {max_body_bytes} bytes", 413)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_body_bytes:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_body(raw: bytes) -> dict:
+    if not raw.strip():
+        return {}  # AgentGym's clients POST /create without a body
+    if _nesting_depth(raw) > MAX_JSON_DEPTH:
+        raise _ClientError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return call(*args)
-    except (_ClientError, KeyError) as error:
-        return {"error": str(error).strip("'\"")}
+        body = json.loads(raw)
+    except ValueError as error:  # UnicodeDecodeError included
+        raise _ClientError(f"the request body is not JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise _ClientError(f"the request body must be a JSON object, not {_json_type(body)}")
+    return body
+
+
+# A JSON string, possessive so that an unterminated one costs one pass to the end of the body
+# instead of one per quote inside it; its brackets are text, not nesting.
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_DEPTH_CHANGE = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def _nesting_depth(raw: bytes) -> int:
+    """How deep `raw`'s arrays and objects nest, found without parsing it: the parser recurses
+    once per level, so a body 10,000 levels deep must be refused before it gets there."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    depths = itertools.accumulate(map(_DEPTH_CHANGE.__getitem__, brackets))
+    return max(depths, default=0)
+
+
+def _json_type(value: Any) -> str:
+    names = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _error_response(status: int, message: str):
+    response = _json_response(status, {"error": message})
+    if status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+def _json_response(status: int, value: Any):
+    from starlette.responses import Response
+
+    return Response(json.dumps(value), status_code=status, media_type="application/json")
+
+
+def _answer(call, *args) -> tuple[int, Any]:
+    """`call(*args)` as an HTTP status and a JSON answer; errors as `{"error": message}` with the
+    message as raised (KeyError's `str` would add quotes)."""
+    try:
+        return 200, call(*args)
+    except _ClientError as error:
+        return error.status, {"error": error.message}
     except Exception as error:  # the environment failed; the server keeps serving
-        return {"error": f"{type(error).__name__}: {error}"}
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        return 500, {"error": f"{type(error).__name__}: {message}"}
 
 
 class LocalServer:
@@ -281,7 +408,7 @@ class LocalServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server {self.args} exited: {self.process.stdout.read()}")
             try:
-                httpx.get(f"{self.url}/flywheel", timeout=1).raise_for_status()
+                httpx.get(f"{self.url}/", timeout=1).raise_for_status()  # needs no token
                 return
             except httpx.HTTPError:
                 time.sleep(0.2)
@@ -327,7 +454,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="close sessions idle this many seconds (clients that moved an episode elsewhere "
         "never close its old session; default: 3600)",
     )
+    parser.add_argument(
+        "--token",
+        help=f"require 'Authorization: Bearer TOKEN' on every request but GET / (default: "
+        f"${TOKEN_ENV}, which keeps it out of the process list: prefer it)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=MAX_BODY_BYTES,
+        help=f"refuse larger request bodies with HTTP 413 (default: {MAX_BODY_BYTES})",
+    )
     return parser.parse_args(argv)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 SERVABLE = ("textcraft", "scienceworld")
@@ -358,11 +503,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    app = create_app(env, args.dialect, args.session_ttl)
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"warning: serving on {args.host} without a token (--token or ${TOKEN_ENV}): "
+            "anyone who can reach the port can use it",
+            file=sys.stderr,
+        )
+    app = create_app(env, args.dialect, args.session_ttl, token, args.max_body_bytes)
     service = app.state.service
     print(
         f"serving {env.name} ({service.dialect.name} dialect, {len(service.tasks)} tasks) "
-        f"on http://{args.host}:{args.port}",
+        f"on http://{args.host}:{args.port}, {'with' if token else 'without'} a bearer token",
         flush=True,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)

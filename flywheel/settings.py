@@ -110,7 +110,9 @@ class EnvSettings(Strict):
     # Environment servers speaking AgentGym's protocol (`flywheel serve-env`, or AgentGym's
     # own for `agentgym-*`). Empty: episodes run in this process. Episodes are spread over the
     # servers and move to another one when theirs dies. Where episodes run does not change
-    # their results, so servers (and the client's timeout) are not part of `identity()`.
+    # their results, so servers (and the client's timeout) are not part of `identity()`. A
+    # server's token (`serve-env --token`) is read from $FLYWHEEL_ENV_TOKEN, and deliberately
+    # not a setting: configs are handed to Prefect as parameters and logged to MLflow.
     servers: list[str] = Field(default_factory=list)
     request_timeout_s: float = Field(default=60.0, gt=0)
     scienceworld: ScienceWorldSettings = Field(default_factory=ScienceWorldSettings)

@@ -270,6 +270,8 @@ class FakeServer:
          "/step answered done='no'; expected true or false"),
         (200, json.dumps({"error": "disk full"}).encode(), "/step answered an error: disk full"),
         (500, b"Internal Server Error", "/step answered HTTP 500"),
+        (409, json.dumps({"error": "The task with environment 0 has finished."}).encode(),
+         r"/step answered HTTP 409: The task with environment 0 has finished\.$"),
     ],
 )  # fmt: skip
 def test_malformed_step_answers_name_the_server_and_what_came_back(status, body, message):
