@@ -110,8 +110,8 @@ class ETORun:
         if pairs.counts["pairs"] == 0:
             return f"round {round_no}: no preference pairs ({pairs.counts}); stopped before DPO."
         return dpo_stage(
-            store.root, f"round-{round_no}", policy_url, pairs.files["pairs"], cfg.dpo,
-            cfg.seed, f"{round_url}/dpo", self.tracking,
+            store.root, f"round-{round_no}", policy_url, pairs.files["pairs"],
+            cfg.dpo.for_round(round_no), cfg.seed, f"{round_url}/dpo", self.tracking,
         )  # fmt: skip
 
     def report(self, evaluations, notes) -> str:

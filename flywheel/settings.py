@@ -236,6 +236,33 @@ class DPOSettings(TrainerSettings):
     num_processes: int = Field(default=1, ge=1)  # as in SFTSettings
     frozen_layers: int = Field(default=0, ge=0)  # as in SFTSettings
     trl_args: dict[str, Any] = Field(default_factory=dict)
+    # Settings that change from round to round: entry r-1 updates the settings above for round
+    # r, the last entry holds for later rounds. ETO's own schedule:
+    # [{beta: 0.1, learning_rate: 1.0e-6}, {beta: 0.5, learning_rate: 5.0e-7}]
+    schedule: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _schedule_entries_are_settings(self):
+        for round_no in range(1, len(self.schedule) + 1):
+            try:
+                self.for_round(round_no)
+            except ValidationError as error:
+                problem = error.errors()[0]
+                field = ".".join(str(part) for part in problem["loc"])
+                raise ValueError(
+                    f"schedule entry {round_no - 1} (round {round_no}): {field}: {problem['msg']}"
+                ) from None
+        return self
+
+    def for_round(self, round_no: int) -> DPOSettings:
+        """The settings of round `round_no` (1, 2, ...), without the schedule."""
+        base = self.model_dump(exclude={"schedule"})
+        if not self.schedule:
+            return DPOSettings(**base)
+        entry = self.schedule[min(round_no, len(self.schedule)) - 1]
+        if "schedule" in entry:
+            raise ValueError("a schedule entry cannot hold a schedule")
+        return DPOSettings(**{**base, **entry})
 
 
 class ExploreSettings(Strict):

@@ -70,3 +70,29 @@ def test_agent_r_cli_checks_its_own_sections(tmp_path, capsys):
     defaults = AgentRConfig()
     assert defaults.mcts.exploration_constant == 0.25 and defaults.paths.beta == 0.2
     assert [defaults.paths.alpha_for(r) for r in (1, 2, 3, 4)] == [0.5, 0.7, 1.0, 1.0]
+
+
+def test_dpo_settings_change_by_round_as_etos_schedule_does():
+    from flywheel.settings import DPOSettings
+
+    dpo = DPOSettings(
+        beta=0.2,
+        epochs=2,
+        schedule=[{"beta": 0.1, "learning_rate": 1e-6}, {"beta": 0.5, "learning_rate": 5e-7}],
+    )
+    first, second, third = (dpo.for_round(r) for r in (1, 2, 3))
+    assert (first.beta, first.learning_rate) == (0.1, 1e-6)
+    assert (second.beta, second.learning_rate) == (0.5, 5e-7)
+    assert (third.beta, third.learning_rate) == (0.5, 5e-7)  # the last entry holds
+    assert first.epochs == second.epochs == 2 and first.schedule == []
+    plain = DPOSettings(beta=0.3)
+    assert plain.for_round(2) == plain
+
+
+def test_a_bad_schedule_entry_is_refused_naming_its_round():
+    from flywheel.settings import ConfigError, ETOConfig, load_config
+
+    with pytest.raises(ConfigError, match=r"schedule entry 1 \(round 2\): beta"):
+        load_config(ETOConfig, None, ["dpo.schedule=[{beta: 0.1}, {beta: -1}]"])
+    with pytest.raises(ConfigError, match=r"schedule entry 0 \(round 1\): betta"):
+        load_config(ETOConfig, None, ["dpo.schedule=[{betta: 0.1}]"])
