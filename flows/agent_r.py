@@ -29,6 +29,7 @@ from tasks.critique import critique_stage
 from tasks.evaluate import evaluate_stage
 from tasks.expert_data import expert_data_stage
 from tasks.mcts import mcts_stage
+from tasks.mix_general import mix_general_stage
 from tasks.prepare_model import model_stage_url, prepare_model_stage
 from tasks.report import report_stage
 from tasks.select_paths import select_paths_stage
@@ -77,9 +78,16 @@ class AgentRRun:
         return label, result
 
     def train(self, label: str, start_url: str, data: Manifest, out_url: str) -> Manifest:
+        """Revision SFT, with a share eta of general instruction data mixed in (Agent-R)."""
+        cfg = self.cfg
+        if cfg.general.enabled:
+            data = mix_general_stage(
+                self.store.root, data.files["trajectories"], cfg.general, cfg.seed,
+                f"{out_url}-data",
+            )  # fmt: skip
         return sft_stage(
             self.store.root, label, start_url, data.files["trajectories"],
-            self.cfg.revision_sft, self.cfg.seed, out_url, self.tracking,
+            cfg.revision_sft, cfg.seed, out_url, self.tracking,
         )  # fmt: skip
 
     def start(self) -> Manifest:

@@ -349,6 +349,35 @@ class ETOConfig(RecipeConfig):
     explore: ExploreSettings = Field(default_factory=ExploreSettings)
 
 
+SHIPPED_GENERAL_CHAT = Path(__file__).resolve().parent.parent / "configs/data/general_chat.jsonl"
+
+
+class GeneralDataSettings(Strict):
+    """General instruction data mixed into Agent-R's revision SFT, so the policy keeps its
+    general abilities (the paper's eta = 0.2). Off when `eta` is 0 or `file` is "none"."""
+
+    # Share of general examples in each revision SFT set: eta / (1 - eta) per trajectory.
+    eta: float = Field(default=0.2, ge=0, lt=1)
+    # JSON lines of {"instruction": ..., "response": ...}; "" is the small shipped set.
+    file: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return self.eta > 0 and self.file != "none"
+
+    @property
+    def url(self) -> str:
+        path = Path(self.file).expanduser() if self.file else SHIPPED_GENERAL_CHAT
+        return "file://" + str(path.resolve())
+
+    @field_validator("file")
+    @classmethod
+    def _file_exists(cls, value: str) -> str:
+        if value not in ("", "none") and not Path(value).expanduser().is_file():
+            raise ValueError(f"{value!r} is not a file (JSON lines of instruction/response)")
+        return value
+
+
 class AgentRConfig(RecipeConfig):
     """One Agent-R run: SFT on expert trajectories (the starting point), then `rounds` of
     MCTS → path pairs → first-error critique → revision splice → SFT, and two baselines trained
@@ -360,6 +389,7 @@ class AgentRConfig(RecipeConfig):
     paths: PathSettings = Field(default_factory=PathSettings)
     critique: CritiqueSettings = Field(default_factory=CritiqueSettings)
     revision_sft: SFTSettings = Field(default_factory=SFTSettings)  # each round's SFT
+    general: GeneralDataSettings = Field(default_factory=GeneralDataSettings)
     baselines: bool = True  # train and evaluate Direct-Revision and good-paths-only
 
 
