@@ -1,0 +1,266 @@
+"""Training throughput: SFT and DPO trained tokens/s, padding, and FLOP/s against this machine's
+matmul bound, measured in the same run.
+
+Both trainers run exactly as a stage runs them (`python -m training.sft|dpo --config job.json`
+in their own process, `training.launch.launch`), on data built the way the recipes build it:
+
+- SFT: expert trajectories of TextCraft train tasks (the demo's tasks: those the expert solves in
+  at most `--max-expert-steps` steps), rendered by `training.datasets.sft_rows`;
+- DPO: pairs whose chosen side is a task's expert continuation and whose rejected side is a
+  failed-looking continuation (the expert's first reply, then another task's replies), rendered
+  by `training.datasets.dpo_rows`.
+
+Every variant trains one epoch over the same rows, so trained tokens are the loss-carrying and
+context tokens of those rows. What is reported per variant:
+
+- trained tokens/s: real (non-padding) tokens of the rows / trl's `train_runtime`;
+- padding: tokens processed that are padding (a DPO pair's shorter side is padded to the longer);
+- model FLOP/s: forward 2 x (layer + lm_head parameters) a token, backward 4 x trainable layer
+  parameters + 2 x lm_head parameters a token (frozen bottom layers and embeddings get no
+  backward); DPO adds the reference model's forward unless it is precomputed. Attention over the
+  context is left out, so the fractions are conservative;
+- fraction of the float32 matmul bound on all threads, timed in this run.
+
+    python bench/train_throughput.py                       # SmolLM2-135M, the shipped settings
+    python bench/train_throughput.py --model tiny --tasks 4 --pairs 4   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rollout_throughput import ModelShape, matmul_flops, model_shape, resolve_model  # noqa: E402
+
+# Variants: name -> (trainer, trl_args on top of the shipped settings).
+VARIANTS = {
+    "sft": ("sft", {}),
+    "sft, 4 sequences a step, padding-free packing": (
+        "sft",
+        {"per_device_train_batch_size": 4, "padding_free": True, "gradient_accumulation_steps": 1},
+    ),
+    "dpo": ("dpo", {}),
+    "dpo, reference log-probs precomputed": ("dpo", {"precompute_ref_log_probs": True}),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--model", choices=("smollm2-135m", "tiny"), default="smollm2-135m")
+    parser.add_argument("--model-dir", help="a Hugging Face model folder instead of --model")
+    parser.add_argument("--tasks", type=int, default=32, help="expert trajectories for SFT")
+    parser.add_argument("--pairs", type=int, default=16, help="preference pairs for DPO")
+    parser.add_argument("--max-expert-steps", type=int, default=4, help="as the demo's config")
+    parser.add_argument("--max-length", type=int, default=1024, help="tokens a row, as shipped")
+    parser.add_argument("--frozen-layers", type=int, default=20, help="as the shipped configs")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(VARIANTS),
+        choices=list(VARIANTS),
+        metavar="NAME",
+        help=f"which to run, of: {'; '.join(VARIANTS)}",
+    )
+    parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
+    return parser.parse_args(argv)
+
+
+@dataclass
+class Measured:
+    variant: str
+    trainer: str
+    rows: int
+    real_tokens: int  # tokens of the rows, no padding
+    processed_tokens: int  # with padding
+    seconds: float  # trl's train_runtime
+    steps: int
+    final_loss: float
+    flops: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.real_tokens / self.seconds
+
+    @property
+    def padding(self) -> float:
+        return 1 - self.real_tokens / self.processed_tokens if self.processed_tokens else 0.0
+
+
+def trainable_layer_parameters(shape: ModelShape, frozen_layers: int) -> int:
+    per_layer = shape.non_embedding // shape.layers  # norms are a rounding error
+    return per_layer * max(0, shape.layers - frozen_layers)
+
+
+def training_flops(shape: ModelShape, tokens: int, frozen_layers: int) -> float:
+    """Forward and backward matmul FLOPs of `tokens` tokens (see the module docstring)."""
+    forward = 2 * (shape.non_embedding + shape.lm_head)
+    backward = 4 * trainable_layer_parameters(shape, frozen_layers) + 2 * shape.lm_head
+    return float((forward + backward) * tokens)
+
+
+def expert_data(count: int, max_expert_steps: int):
+    from envs import make_env
+    from flywheel.records import Pair
+    from flywheel.rollout import agent_prefix, task_list
+    from flywheel.settings import EnvSettings
+    from tasks.expert_data import collect_expert
+
+    settings = EnvSettings(max_expert_steps=max_expert_steps, train_tasks=count)
+    env = make_env(settings)
+    trajectories, _ = collect_expert(
+        env, task_list(env, "train", settings, 0), agent_prefix(env, [])
+    )
+    pairs = []
+    for i, good in enumerate(trajectories):
+        other = trajectories[(i + 1) % len(trajectories)]
+        rejected = good.continuation[:1] + other.continuation[1:]  # right start, wrong ending
+        if len(rejected) % 2 == 0:
+            rejected = rejected[:-1]  # end on an agent turn, as pairs do
+        pairs.append(
+            Pair(task_id=good.task_id, prompt=good.prompt, chosen=good.continuation,
+                 rejected=rejected, chosen_reward=1.0, rejected_reward=0.0)
+        )  # fmt: skip
+    return trajectories, pairs
+
+
+def token_counts(trainer: str, records, model_dir: Path, max_length: int) -> tuple[int, int, int]:
+    """(rows, real tokens, tokens processed with padding) of the rows the trainer builds."""
+    from transformers import AutoTokenizer
+
+    from flywheel.chat import ChatTokenizer
+    from training.datasets import dpo_rows, sft_rows
+
+    chat = ChatTokenizer(AutoTokenizer.from_pretrained(model_dir))
+    if trainer == "sft":
+        rows, _ = sft_rows(records, chat, max_length)
+        real = sum(len(r["input_ids"]) for r in rows)
+        return len(rows), real, real  # one sequence at a time or packed: no padding
+    rows, _ = dpo_rows(records, chat, max_length)
+    real = processed = 0
+    for row in rows:
+        sides = [min(max_length, len(row["prompt_ids"]) + len(row[f"{s}_ids"])) for s in ("chosen", "rejected")]  # fmt: skip
+        real += sum(sides)
+        processed += 2 * max(sides)  # both sides padded to the longer one
+    return len(rows), real, processed
+
+
+def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured:
+    from flywheel.settings import DPOSettings, SFTSettings
+    from tasks.dpo import dpo_trl_args
+    from tasks.sft import sft_trl_args
+    from training.job import TrainingJob
+    from training.launch import launch
+
+    trainer, extra = VARIANTS[name]
+    if trainer == "sft":
+        settings = SFTSettings(epochs=1, learning_rate=1e-4, max_length=args.max_length)
+        trl_args = sft_trl_args(settings, 0)
+    else:
+        settings = DPOSettings(epochs=1, max_length=args.max_length)
+        trl_args = dpo_trl_args(settings, 0)
+    work = folder / name.replace(" ", "_").replace(",", "")
+    work.mkdir()
+    data = work / "data.jsonl"
+    data.write_text("".join(r.model_dump_json() + "\n" for r in records))
+    job = TrainingJob(
+        model_dir=str(model_dir), data_file=str(data), output_dir=str(work / "model"),
+        max_length=args.max_length, frozen_layers=args.frozen_layers,
+        trl_args={**trl_args, **extra, "output_dir": str(work / "trl"), "report_to": "none"},
+    )  # fmt: skip
+    metrics_file = work / "metrics.json"
+    print(f"training: {name} ...", file=sys.stderr)
+    launch(
+        f"training.{trainer}", job.save(work / "job.json"), work / "train.log",
+        extra_env={"FLYWHEEL_METRICS_FILE": str(metrics_file)},
+    )  # fmt: skip
+    metrics = json.loads(metrics_file.read_text())
+    rows, real, processed = token_counts(trainer, records, model_dir, args.max_length)
+    flops = training_flops(shape, processed, args.frozen_layers)
+    if trainer == "dpo":  # the reference model's forward: each step, or once when precomputed
+        flops += 2 * (shape.non_embedding + shape.lm_head) * processed
+    return Measured(
+        variant=name, trainer=trainer, rows=rows, real_tokens=real, processed_tokens=processed,
+        seconds=float(metrics["train_runtime"]), steps=int(metrics["optimizer_steps"]),
+        final_loss=float(metrics["train_loss"]), flops=flops,
+    )  # fmt: skip
+
+
+def report(results: list[Measured], info: dict) -> str:
+    bound = info["matmul_flops"]
+    lines = [
+        f"### Training throughput: {info['model']}, {info['frozen_layers']} of "
+        f"{info['layers']} layers frozen, max_length {info['max_length']}",
+        "",
+        "| variant | rows | trained tokens | padding | steps | train s | trained tok/s "
+        "| model GFLOP/s | of matmul bound | train loss |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m in results:
+        lines.append(
+            f"| {m.variant} | {m.rows} | {m.real_tokens:,} | {m.padding:.1%} | {m.steps} "
+            f"| {m.seconds:.1f} | {m.tokens_per_s:.1f} | {m.flops / m.seconds / 1e9:.1f} "
+            f"| {m.flops / m.seconds / bound:.1%} | {m.final_loss:.4f} |"
+        )
+    base = {m.trainer: m for m in results if m.variant == m.trainer}
+    lines += ["", "| variant | trained tok/s vs the plain trainer |", "|---|---:|"]
+    for m in results:
+        if m.trainer in base and m.variant != m.trainer:
+            lines.append(f"| {m.variant} | {m.tokens_per_s / base[m.trainer].tokens_per_s:.2f}x |")
+    lines += [
+        "",
+        f"float32 {info['matmul_size']}x{info['matmul_size']} matmul on {info['threads']} "
+        f"threads: {bound / 1e9:.1f} GFLOP/s (timed in this run). {info['cpus']} CPUs, load "
+        f"average {info['load']:.2f} at the start; torch {info['torch']}, trl {info['trl']}; "
+        f"{info['date']}. Command: `{info['command']}`.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+    import trl
+
+    load = os.getloadavg()[0]
+    label, model_dir = resolve_model(args)
+    shape = model_shape(model_dir)
+    cpus = len(os.sched_getaffinity(0))
+    print(f"timing float32 matmuls on {cpus} threads ...", file=sys.stderr)
+    bound = matmul_flops(cpus)
+    trajectories, pairs = expert_data(args.tasks, args.max_expert_steps)
+    pairs = pairs[: args.pairs]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="flywheel-train-bench-") as folder:
+        for name in args.variants:
+            records = trajectories if VARIANTS[name][0] == "sft" else pairs
+            started = time.perf_counter()
+            results.append(run_variant(name, records, model_dir, args, shape, Path(folder)))
+            print(f"  {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    info = {
+        "model": label, "layers": shape.layers, "frozen_layers": args.frozen_layers,
+        "max_length": args.max_length, "matmul_flops": bound, "matmul_size": 1024,
+        "threads": cpus, "cpus": cpus, "load": load, "torch": torch.__version__,
+        "trl": trl.__version__, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python bench/train_throughput.py " + " ".join(argv or sys.argv[1:]),
+    }  # fmt: skip
+    table = report(results, info)
+    print(table)
+    if args.out:
+        args.out.write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
