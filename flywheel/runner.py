@@ -3,11 +3,13 @@ task runner, and open the flow run's MLflow parent run."""
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 
 from prefect import flow
 
 from flywheel.records import FailedStage
+from flywheel.run_lock import RunLock, RunLocked
 from flywheel.settings import ConfigError
 from flywheel.stage import TrackingRef, artifact_key
 from flywheel.storage import FAILED, ArtifactStore
@@ -23,10 +25,48 @@ def preflight(cfg) -> ArtifactStore:
             store.identity(folder)  # created here, before stages run in parallel
     except OSError as error:
         raise ConfigError(f"storage_url: {error}") from None
+    check_mlflow(cfg)
     check_trainer_settings(cfg)
     check_task_lists(cfg)
     make_task_runner(cfg)  # a missing prefect-dask / prefect-ray is named now, not mid-run
     return store
+
+
+MLFLOW_CHECK_TIMEOUT_S = 5.0
+
+
+def check_mlflow(cfg) -> None:
+    """MLflow answers within seconds: a tracking server that is down is named now, not after
+    MLflow's own retries (minutes, mid-run). A local store is created here, once (see
+    `tracking.store_setup_lock`)."""
+    import httpx
+
+    from flywheel.tracking import Tracker
+
+    uri = cfg.mlflow_tracking_uri
+    source = " (from MLFLOW_TRACKING_URI)" if os.environ.get("MLFLOW_TRACKING_URI") == uri else ""
+    fix = "start it, or point MLFLOW_TRACKING_URI / mlflow_tracking_uri at one that runs"
+    if uri.startswith(("http://", "https://")):
+        health = uri.rstrip("/") + "/health"
+        try:
+            answer = httpx.get(health, timeout=MLFLOW_CHECK_TIMEOUT_S)
+        except httpx.HTTPError as error:
+            raise ConfigError(
+                f"mlflow_tracking_uri {uri!r}{source} does not answer within "
+                f"{MLFLOW_CHECK_TIMEOUT_S:.0f} s ({type(error).__name__}: {error}); {fix}"
+            ) from None
+        if answer.status_code != 200:
+            raise ConfigError(
+                f"mlflow_tracking_uri {uri!r}{source}: {health} answered "
+                f"{answer.status_code}, not 200; is it an MLflow server? {fix}"
+            )
+    elif "://" not in uri or uri.startswith(("sqlite:", "file:")):  # a store on this machine
+        try:
+            Tracker(uri, cfg.mlflow_experiment)
+        except Exception as error:
+            raise ConfigError(
+                f"mlflow_tracking_uri {uri!r}{source} cannot be opened: {error}"
+            ) from None
 
 
 def check_task_lists(cfg) -> None:
@@ -166,13 +206,19 @@ def stages_flow(body, cfg, store_url: str, tracking: TrackingRef, extra: list | 
     return body(cfg, ArtifactStore(store_url), tracking, *(extra or []))
 
 
-def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None):
+def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None, locked: bool = False):
     """Run a recipe's `body(cfg, store, tracking, *extra)` under the flow run's MLflow parent
     run, on the configured task runner. A failure marks the MLflow run failed and leaves a
-    Prefect artifact naming the failed stages and where their records are."""
+    Prefect artifact naming the failed stages and where their records are.
+
+    The run holds its lock in the store (`flywheel/run_lock.py`) throughout, unless the caller
+    already does (`locked`: a campaign holds it around its whole round)."""
     from prefect.runtime import flow_run
 
     store = store or preflight(cfg)
+    if not locked:
+        with RunLock(store.root, cfg.run_name).hold(cfg.break_lock):
+            return run_tracked(cfg, body, *extra, store=store, locked=True)
     tracking = start_tracking(cfg, flow_run.get_id())
     started = datetime.now(UTC).isoformat(timespec="seconds")
     stages = stages_flow.with_options(
@@ -262,13 +308,23 @@ def cli_main(
             action="store_true",
             help="run one more round of the campaign stored under run_name (round 0: SFT)",
         )
+    parser.add_argument(
+        "--break-lock",
+        action="store_true",
+        help="take the run's lock even if another process seems to hold it (break_lock=true)",
+    )
     args = parser.parse_args(argv)
-    if getattr(args, "campaign", False):
+    campaign = getattr(args, "campaign", False)
+    if campaign:
         flow_function = campaign_flow
     try:
         cfg = load_config(config_class, args.config, args.overrides)
-        preflight(cfg)
-    except (ConfigError, OSError) as error:
+        if args.break_lock:
+            cfg.break_lock = True
+        store = preflight(cfg)
+        if not campaign:  # a campaign run waits for its slot, then for the lock
+            RunLock(store.root, cfg.run_name).check(cfg.break_lock)
+    except (ConfigError, OSError, RunLocked) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     state = flow_function(config=cfg.model_dump(), return_state=True)
