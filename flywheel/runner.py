@@ -4,6 +4,7 @@ task runner, and open the flow run's MLflow parent run."""
 from __future__ import annotations
 
 import os
+import threading
 from datetime import UTC, datetime
 
 from prefect import flow
@@ -90,11 +91,17 @@ def check_task_lists(cfg) -> None:
         )
 
 
+# trl's lazy module fails ("cannot import name 'DPOConfig'") when two threads import it first at
+# the same moment, as two flow runs in one process do.
+TRL_IMPORT = threading.Lock()
+
+
 def check_trainer_settings(cfg) -> None:
     """Build trl's configs from the settings now, so a bad `trl_args` fails before any work."""
     import tempfile
 
-    from trl import DPOConfig, SFTConfig
+    with TRL_IMPORT:
+        from trl import DPOConfig, SFTConfig
 
     from flywheel.settings import DPOSettings, SFTSettings
     from tasks.dpo import dpo_trl_args
