@@ -12,9 +12,11 @@ from prefect import flow
 from flywheel.records import FailedStage
 from flywheel.run_lock import RunLock, RunLocked
 from flywheel.settings import ConfigError
+from flywheel.shutdown import flow_process, stopping_children_on_error
 from flywheel.stage import TrackingRef, artifact_key
 from flywheel.storage import FAILED, ArtifactStore
-from flywheel.tracking import Tracker
+from flywheel.tracking import Tracker, end_open_children, end_status
+from flywheel.watchdog import watchdog
 
 
 def preflight(cfg) -> ArtifactStore:
@@ -210,7 +212,8 @@ def start_tracking(cfg, flow_run_id: str | None) -> TrackingRef:
 def stages_flow(body, cfg, store_url: str, tracking: TrackingRef, extra: list | None = None):
     """The stages of one recipe run, as a subflow: its task runner and result storage come
     from the run's config, which a deployment's parameters only give at run time."""
-    return body(cfg, ArtifactStore(store_url), tracking, *(extra or []))
+    with stopping_children_on_error():  # before Prefect waits for the stages' threads
+        return body(cfg, ArtifactStore(store_url), tracking, *(extra or []))
 
 
 def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None, locked: bool = False):
@@ -227,6 +230,8 @@ def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None, locked: b
         with RunLock(store.root, cfg.run_name).hold(cfg.break_lock):
             return run_tracked(cfg, body, *extra, store=store, locked=True)
     tracking = start_tracking(cfg, flow_run.get_id())
+    run_id = tracking.parent_run_id
+    watchdog().tell(open_run=[tracking.tracking_uri, run_id])  # KILLED if we are SIGKILLed
     started = datetime.now(UTC).isoformat(timespec="seconds")
     stages = stages_flow.with_options(
         name=f"{flow_run.get_flow_name() or 'recipe'}-stages",
@@ -235,13 +240,15 @@ def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None, locked: b
     )
     try:
         result = stages(body, cfg, store.root, tracking, list(extra))
+        tracking.tracker().finish(run_id)
     except BaseException as error:
         try:
             report_failed_run(cfg, store, tracking, started, error)
         except Exception as report_error:  # the run's own error is the one to raise
             print(f"could not record the failure ({report_error!r})")
         raise
-    tracking.tracker().finish(tracking.parent_run_id)
+    finally:
+        watchdog().tell(closed_run=run_id)
     return result
 
 
@@ -249,8 +256,10 @@ def report_failed_run(cfg, store: ArtifactStore, tracking: TrackingRef, started:
     from prefect.artifacts import create_markdown_artifact
 
     tracker = tracking.tracker()
+    status = end_status(error)  # KILLED for a run told to stop
     tracker.client.set_tag(tracking.parent_run_id, "flywheel.error", str(error)[:5000])
-    tracker.finish(tracking.parent_run_id, "FAILED")
+    end_open_children(tracker.client, tracking.parent_run_id, status)
+    tracker.finish(tracking.parent_run_id, status)
     run_url = store.url(cfg.run_name)
     failed = []
     for url in store.list_files(run_url):
@@ -334,7 +343,8 @@ def cli_main(
     except (ConfigError, OSError, RunLocked) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    state = flow_function(config=cfg.model_dump(), return_state=True)
+    with flow_process():  # SIGTERM exits cleanly; a watchdog cleans up after a SIGKILL
+        state = flow_function(config=cfg.model_dump(), return_state=True)
     if not state.is_completed():
         print(f"error: {state.message}", file=sys.stderr)
         return 1

@@ -89,3 +89,31 @@ def store_setup_lock(tracking_uri: str):
     with open(f"{database}.lock", "a") as lock_file:
         fcntl.flock(lock_file, fcntl.LOCK_EX)  # released when the file is closed
         yield
+
+
+def end_status(error: BaseException) -> str:
+    """How a run that ended by `error` is recorded: KILLED when the process was told to stop
+    (SIGTERM, Ctrl-C), FAILED otherwise; never FINISHED."""
+    from prefect.exceptions import TerminationSignal
+
+    stopped = (KeyboardInterrupt, SystemExit, TerminationSignal)
+    return "KILLED" if isinstance(error, stopped) else "FAILED"
+
+
+def end_open_children(client: MlflowClient, parent_id: str, status: str) -> None:
+    """Mark the parent's child runs that are still RUNNING (stages cut short) with `status`."""
+    parent = client.get_run(parent_id)
+    running = client.search_runs(
+        [parent.info.experiment_id],
+        f"tags.mlflow.parentRunId = '{parent_id}' and attributes.status = 'RUNNING'",
+    )
+    for child in running:
+        client.set_terminated(child.info.run_id, status)
+
+
+def kill_run(tracking_uri: str, run_id: str) -> None:
+    """A run whose process was killed: it and its unfinished children become KILLED."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    end_open_children(client, run_id, "KILLED")
+    if client.get_run(run_id).info.status == "RUNNING":
+        client.set_terminated(run_id, "KILLED")
