@@ -155,5 +155,4 @@ def test_sigkill_while_vllm_runs_leaves_nothing_running(tmp_path):
     assert flow.temporary_files_left() == []
     runs = flow.mlflow_runs()
     assert runs["parent"] == "KILLED", runs
-    assert runs["evaluate/untrained"] == "KILLED", runs
-    assert "RUNNING" not in runs.values(), runs
+    assert set(runs.values()) <= {"KILLED", "FAILED"}, runs  # all were cut short
