@@ -26,7 +26,9 @@ import sys
 import threading
 
 STOP_GRACE_S = 5.0  # SIGTERM first, SIGKILL for what is still there after this
-SNAPSHOT_S = 1.0
+# How often the parent's descendants are listed: a child it started less than this before its
+# death is missed (its own children are not: see add_their_children).
+SNAPSHOT_S = 0.5
 
 
 class Watchdog:
@@ -88,10 +90,24 @@ def watch(parent_pid: int) -> None:
         with contextlib.suppress(psutil.Error):
             for child in parent.children(recursive=True):
                 known[child.pid] = child.create_time()
+    add_their_children(known)
     stop_leftovers(known)
     kill_open_runs(open_runs)
     for folder in temp_dirs:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def add_their_children(known: dict[int, float]) -> None:
+    """Processes started since the last look by processes we know of (vLLM's engine starts its
+    workers late); the parent's own newest children went to init with its death, out of reach."""
+    import psutil
+
+    for pid, started in list(known.items()):
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(pid)
+            if abs(process.create_time() - started) < 1.0:
+                for child in process.children(recursive=True):
+                    known[child.pid] = child.create_time()
 
 
 def stop_leftovers(known: dict[int, float]) -> None:

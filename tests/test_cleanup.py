@@ -73,7 +73,8 @@ class FlowProcess:
         self.seen: dict[int, float] = {}  # every descendant seen: pid -> start time
 
     def marked(self) -> list[psutil.Process]:
-        """Every live process that carries this flow's marker (the flow's descendants)."""
+        """Every live process that carries this flow's marker (the flow's descendants; vLLM's
+        engine renames itself, which hides its environment: `seen` has those)."""
         found = []
         for process in psutil.process_iter():
             try:
@@ -148,6 +149,7 @@ def test_sigterm_during_training_exits_in_seconds_and_leaves_nothing(tmp_path):
 def test_sigkill_while_vllm_runs_leaves_nothing_running(tmp_path):
     flow = FlowProcess(tmp_path)
     flow.wait_for(is_vllm_engine)
+    time.sleep(2)  # the watchdog looks every 0.5 s; vLLM's engine core is starting its worker
     flow.process.send_signal(signal.SIGKILL)
     flow.process.wait(timeout=30)
     log = flow.log.read_text()
