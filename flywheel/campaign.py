@@ -15,6 +15,7 @@ from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 
 from flywheel.records import Campaign, CampaignRound
+from flywheel.run_lock import RunLock
 from flywheel.runner import preflight, run_tracked
 from flywheel.storage import ArtifactStore
 
@@ -28,7 +29,9 @@ def run_campaign(cfg, recipe: str, next_round):
     from prefect.states import Completed
 
     store = preflight(cfg)
-    with campaign_slot(store, cfg.run_name):
+    # The slot orders the campaign's runs; the run lock (taken second, always in this order, so
+    # no deadlock) keeps out a plain run of the same run_name for the round.
+    with campaign_slot(store, cfg.run_name), RunLock(store.root, cfg.run_name).hold(cfg.break_lock):
         campaign = load_campaign(store, cfg.run_name, recipe)
         if len(campaign.rounds) > cfg.rounds:
             message = (
@@ -37,7 +40,7 @@ def run_campaign(cfg, recipe: str, next_round):
             )
             print(message)
             return Completed(message=message)
-        campaign = run_tracked(cfg, next_round, campaign, store=store)
+        campaign = run_tracked(cfg, next_round, campaign, store=store, locked=True)
         save_campaign(store, cfg.run_name, campaign)
         latest = campaign.rounds[-1]
         message = f"campaign {cfg.run_name!r}: published round {latest.round}"

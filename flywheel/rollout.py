@@ -252,6 +252,17 @@ def task_list(env: Environment, split, env_settings, seed: int) -> list[str]:
             f"env.max_expert_steps={env_settings.max_expert_steps} leaves no {split} task of "
             f"{env.name}; its shortest expert plan has {shortest} steps"
         )
+    if limit is not None and limit > len(eligible):  # never run fewer tasks than asked, silently
+        within = (
+            f" within env.max_expert_steps={env_settings.max_expert_steps}"
+            if env_settings.max_expert_steps is not None
+            else ""
+        )
+        raise ConfigError(
+            f"env.{split}_tasks={limit}: the {split} split of {env.name} holds {len(eligible)} "
+            f"tasks{within}; ask for at most {len(eligible)}, or leave env.{split}_tasks unset "
+            "for all of them"
+        )
     return select_tasks(eligible, limit, seed)
 
 

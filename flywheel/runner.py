@@ -3,15 +3,20 @@ task runner, and open the flow run's MLflow parent run."""
 
 from __future__ import annotations
 
+import os
+import threading
 from datetime import UTC, datetime
 
 from prefect import flow
 
 from flywheel.records import FailedStage
+from flywheel.run_lock import RunLock, RunLocked
 from flywheel.settings import ConfigError
+from flywheel.shutdown import flow_process, stopping_children_on_error
 from flywheel.stage import TrackingRef, artifact_key
 from flywheel.storage import FAILED, ArtifactStore
-from flywheel.tracking import Tracker
+from flywheel.tracking import Tracker, end_open_children, end_status
+from flywheel.watchdog import watchdog
 
 
 def preflight(cfg) -> ArtifactStore:
@@ -21,10 +26,48 @@ def preflight(cfg) -> ArtifactStore:
         store.check_writable()
     except OSError as error:
         raise ConfigError(f"storage_url: {error}") from None
+    check_mlflow(cfg)
     check_trainer_settings(cfg)
     check_task_lists(cfg)
     make_task_runner(cfg)  # a missing prefect-dask / prefect-ray is named now, not mid-run
     return store
+
+
+MLFLOW_CHECK_TIMEOUT_S = 5.0
+
+
+def check_mlflow(cfg) -> None:
+    """MLflow answers within seconds: a tracking server that is down is named now, not after
+    MLflow's own retries (minutes, mid-run). A local store is created here, once (see
+    `tracking.store_setup_lock`)."""
+    import httpx
+
+    from flywheel.tracking import Tracker
+
+    uri = cfg.mlflow_tracking_uri
+    source = " (from MLFLOW_TRACKING_URI)" if os.environ.get("MLFLOW_TRACKING_URI") == uri else ""
+    fix = "start it, or point MLFLOW_TRACKING_URI / mlflow_tracking_uri at one that runs"
+    if uri.startswith(("http://", "https://")):
+        health = uri.rstrip("/") + "/health"
+        try:
+            answer = httpx.get(health, timeout=MLFLOW_CHECK_TIMEOUT_S)
+        except httpx.HTTPError as error:
+            raise ConfigError(
+                f"mlflow_tracking_uri {uri!r}{source} does not answer within "
+                f"{MLFLOW_CHECK_TIMEOUT_S:.0f} s ({type(error).__name__}: {error}); {fix}"
+            ) from None
+        if answer.status_code != 200:
+            raise ConfigError(
+                f"mlflow_tracking_uri {uri!r}{source}: {health} answered "
+                f"{answer.status_code}, not 200; is it an MLflow server? {fix}"
+            )
+    elif "://" not in uri or uri.startswith(("sqlite:", "file:")):  # a store on this machine
+        try:
+            Tracker(uri, cfg.mlflow_experiment)
+        except Exception as error:
+            raise ConfigError(
+                f"mlflow_tracking_uri {uri!r}{source} cannot be opened: {error}"
+            ) from None
 
 
 def check_task_lists(cfg) -> None:
@@ -48,11 +91,17 @@ def check_task_lists(cfg) -> None:
         )
 
 
+# trl's lazy module fails ("cannot import name 'DPOConfig'") when two threads import it first at
+# the same moment, as two flow runs in one process do.
+TRL_IMPORT = threading.Lock()
+
+
 def check_trainer_settings(cfg) -> None:
     """Build trl's configs from the settings now, so a bad `trl_args` fails before any work."""
     import tempfile
 
-    from trl import DPOConfig, SFTConfig
+    with TRL_IMPORT:
+        from trl import DPOConfig, SFTConfig
 
     from flywheel.settings import DPOSettings, SFTSettings
     from tasks.dpo import dpo_trl_args
@@ -144,17 +193,26 @@ def stages_flow(body, cfg, store_url: str, tracking: TrackingRef, extra: list | 
     """The stages of one recipe run, as a subflow: its task runner comes from the run's config,
     which a deployment's parameters only give at run time. Stages keep no Prefect results: their
     manifests in the store are the record (flywheel.stage)."""
-    return body(cfg, ArtifactStore(store_url), tracking, *(extra or []))
+    with stopping_children_on_error():  # before Prefect waits for the stages' threads
+        return body(cfg, ArtifactStore(store_url), tracking, *(extra or []))
 
 
-def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None):
+def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None, locked: bool = False):
     """Run a recipe's `body(cfg, store, tracking, *extra)` under the flow run's MLflow parent
     run, on the configured task runner. A failure marks the MLflow run failed and leaves a
-    Prefect artifact naming the failed stages and where their records are."""
+    Prefect artifact naming the failed stages and where their records are.
+
+    The run holds its lock in the store (`flywheel/run_lock.py`) throughout, unless the caller
+    already does (`locked`: a campaign holds it around its whole round)."""
     from prefect.runtime import flow_run
 
     store = store or preflight(cfg)
+    if not locked:
+        with RunLock(store.root, cfg.run_name).hold(cfg.break_lock):
+            return run_tracked(cfg, body, *extra, store=store, locked=True)
     tracking = start_tracking(cfg, flow_run.get_id())
+    run_id = tracking.parent_run_id
+    watchdog().tell(open_run=[tracking.tracking_uri, run_id])  # KILLED if we are SIGKILLed
     started = datetime.now(UTC).isoformat(timespec="seconds")
     stages = stages_flow.with_options(
         name=f"{flow_run.get_flow_name() or 'recipe'}-stages",
@@ -162,13 +220,15 @@ def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None):
     )
     try:
         result = stages(body, cfg, store.root, tracking, list(extra))
+        tracking.tracker().finish(run_id)
     except BaseException as error:
         try:
             report_failed_run(cfg, store, tracking, started, error)
         except Exception as report_error:  # the run's own error is the one to raise
             print(f"could not record the failure ({report_error!r})")
         raise
-    tracking.tracker().finish(tracking.parent_run_id)
+    finally:
+        watchdog().tell(closed_run=run_id)
     return result
 
 
@@ -176,8 +236,10 @@ def report_failed_run(cfg, store: ArtifactStore, tracking: TrackingRef, started:
     from prefect.artifacts import create_markdown_artifact
 
     tracker = tracking.tracker()
+    status = end_status(error)  # KILLED for a run told to stop
     tracker.client.set_tag(tracking.parent_run_id, "flywheel.error", str(error)[:5000])
-    tracker.finish(tracking.parent_run_id, "FAILED")
+    end_open_children(tracker.client, tracking.parent_run_id, status)
+    tracker.finish(tracking.parent_run_id, status)
     run_url = store.url(cfg.run_name)
     failed = []
     for url in store.list_files(run_url):
@@ -242,16 +304,27 @@ def cli_main(
             action="store_true",
             help="run one more round of the campaign stored under run_name (round 0: SFT)",
         )
+    parser.add_argument(
+        "--break-lock",
+        action="store_true",
+        help="take the run's lock even if another process seems to hold it (break_lock=true)",
+    )
     args = parser.parse_args(argv)
-    if getattr(args, "campaign", False):
+    campaign = getattr(args, "campaign", False)
+    if campaign:
         flow_function = campaign_flow
     try:
         cfg = load_config(config_class, args.config, args.overrides)
-        preflight(cfg)
-    except (ConfigError, OSError) as error:
+        if args.break_lock:
+            cfg.break_lock = True
+        store = preflight(cfg)
+        if not campaign:  # a campaign run waits for its slot, then for the lock
+            RunLock(store.root, cfg.run_name).check(cfg.break_lock)
+    except (ConfigError, OSError, RunLocked) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    state = flow_function(config=cfg.model_dump(), return_state=True)
+    with flow_process():  # SIGTERM exits cleanly; a watchdog cleans up after a SIGKILL
+        state = flow_function(config=cfg.model_dump(), return_state=True)
     if not state.is_completed():
         print(f"error: {state.message}", file=sys.stderr)
         return 1

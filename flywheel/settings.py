@@ -335,6 +335,9 @@ class RecipeConfig(Strict):
     task_runner_address: str | None = None
     rounds: int = Field(default=2, ge=0)
     seed: int = 0
+    # Take the run's lock (flywheel/run_lock.py) even from a holder that looks alive: for a run
+    # whose process is gone but whose lock has not gone stale yet (`--break-lock`).
+    break_lock: bool = False
     model: ModelSettings = Field(default_factory=ModelSettings)
     env: EnvSettings = Field(default_factory=EnvSettings)
     inference: InferenceSettings = Field(default_factory=InferenceSettings)
@@ -404,7 +407,13 @@ def apply_override(data: dict, assignment: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override {assignment!r}: {part!r} is not a section")
-    node[leaf] = yaml.safe_load(raw)
+    try:
+        node[leaf] = yaml.safe_load(raw)
+    except yaml.YAMLError as error:
+        raise ConfigError(
+            f"override {assignment!r}: the value of {key.strip()} is not valid YAML: "
+            f"{yaml_problem(error)}"
+        ) from None
 
 
 def load_config(model: type[Strict], path: str | None = None, overrides: list[str] = ()) -> Strict:
@@ -427,10 +436,35 @@ def read_config_file(path: str) -> dict:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"config file {path!r} does not exist")
-    data = yaml.safe_load(file.read_text()) or {}
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ConfigError(
+            f"config file {path!r} is not valid YAML: {yaml_problem(error)}"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path!r} must hold a mapping of settings")
     return data
+
+
+def yaml_problem(error: Exception) -> str:
+    """The parser's complaint in one line: where (line, column and the text there, which names
+    the setting) and what, instead of its multi-line report."""
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    mark = getattr(error, "problem_mark", None)
+    if mark is None:
+        return problem
+    where = f"line {mark.line + 1}, column {mark.column + 1}: {problem}{yaml_line(mark)}"
+    start = getattr(error, "context_mark", None)
+    if start is not None and start.line != mark.line:  # an unclosed [ or ' opened earlier
+        where += f", {error.context} opened on line {start.line + 1}{yaml_line(start)}"
+    return where
+
+
+def yaml_line(mark) -> str:
+    lines = (mark.buffer or "").replace("\0", "").splitlines()
+    text = lines[mark.line].strip() if mark.line < len(lines) else ""
+    return f" (`{text}`)" if text else ""
 
 
 def validate_config(model: type[Strict], data: dict) -> Strict:

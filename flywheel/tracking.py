@@ -7,7 +7,9 @@ through `MLFLOW_RUN_ID` / `MLFLOW_TRACKING_URI`, which transformers' MLflow call
 
 from __future__ import annotations
 
+import fcntl
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
@@ -16,15 +18,16 @@ from mlflow.tracking import MlflowClient
 class Tracker:
     def __init__(self, tracking_uri: str, experiment: str):
         self.tracking_uri = tracking_uri
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = (
-            found.experiment_id
-            if found
-            else self.client.create_experiment(
-                experiment, artifact_location=_artifact_root(tracking_uri)
+        with store_setup_lock(tracking_uri):  # creating the store and experiment: one at a time
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            found = self.client.get_experiment_by_name(experiment)
+            self.experiment_id = (
+                found.experiment_id
+                if found
+                else self.client.create_experiment(
+                    experiment, artifact_location=_artifact_root(tracking_uri)
+                )
             )
-        )
 
     def start(self, name: str, parent_id: str | None = None, tags: dict | None = None) -> str:
         """Find the unfinished-or-finished run with this name under `parent_id`, or create it."""
@@ -71,3 +74,46 @@ def _artifact_root(tracking_uri: str) -> str | None:
         database = Path(tracking_uri.removeprefix("sqlite:///")).resolve()
         return (database.parent / "mlartifacts").as_uri()
     return None  # the server's or store's own default
+
+
+@contextmanager
+def store_setup_lock(tracking_uri: str):
+    """An OS lock next to a sqlite store's database (`mlflow.db.lock`). Two processes opening a
+    fresh store at once both run MLflow's migrations and leave the database unusable; taking turns
+    here, the first creates it and the second finds it made. Other stores need no lock."""
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{database}.lock", "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)  # released when the file is closed
+        yield
+
+
+def end_status(error: BaseException) -> str:
+    """How a run that ended by `error` is recorded: KILLED when the process was told to stop
+    (SIGTERM, Ctrl-C), FAILED otherwise; never FINISHED."""
+    from prefect.exceptions import TerminationSignal
+
+    stopped = (KeyboardInterrupt, SystemExit, TerminationSignal)
+    return "KILLED" if isinstance(error, stopped) else "FAILED"
+
+
+def end_open_children(client: MlflowClient, parent_id: str, status: str) -> None:
+    """Mark the parent's child runs that are still RUNNING (stages cut short) with `status`."""
+    parent = client.get_run(parent_id)
+    running = client.search_runs(
+        [parent.info.experiment_id],
+        f"tags.mlflow.parentRunId = '{parent_id}' and attributes.status = 'RUNNING'",
+    )
+    for child in running:
+        client.set_terminated(child.info.run_id, status)
+
+
+def kill_run(tracking_uri: str, run_id: str) -> None:
+    """A run whose process was killed: it and its unfinished children become KILLED."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    end_open_children(client, run_id, "KILLED")
+    if client.get_run(run_id).info.status == "RUNNING":
+        client.set_terminated(run_id, "KILLED")

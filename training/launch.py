@@ -7,9 +7,12 @@ logs); a failure raises with the log's tail so the failed stage says why.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 ACCELERATE_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
@@ -50,6 +53,13 @@ def command(
     ]  # fmt: skip
 
 
+# Trainers running now. Each is the leader of a process group of its own (torchrun and
+# accelerate start workers beneath it), so stopping one stops the whole group.
+_running: set[subprocess.Popen] = set()
+_running_lock = threading.Lock()
+STOP_GRACE_S = 5.0  # SIGTERM first; SIGKILL for a group still there after this
+
+
 def launch(
     module: str,
     job_file: Path,
@@ -61,16 +71,48 @@ def launch(
     env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
     cmd = command(module, job_file, num_processes, accelerate_config)
     with open(log_file, "w") as log:
+        # A group of its own: stopping it stops torchrun's or accelerate's workers too, and a
+        # Ctrl-C reaches it only through this process, which stops it (`stop_trainer`).
         process = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True
-        )
-        for line in process.stdout:
-            log.write(line)
-            sys.stdout.write(line)
-        code = process.wait()
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        with _running_lock:
+            _running.add(process)
+        try:
+            for line in process.stdout:
+                log.write(line)
+                sys.stdout.write(line)
+            code = process.wait()
+        finally:  # a no-op after a normal end; after a signal or an error here, the group goes
+            stop_trainer(process)
     if code != 0:
         tail = "".join(Path(log_file).read_text().splitlines(keepends=True)[-25:])
         raise RuntimeError(f"{module} exited with code {code}; last lines of {log_file}:\n{tail}")
+
+
+def stop_trainer(process: subprocess.Popen) -> None:
+    """Stop a trainer's whole process group: SIGTERM, then SIGKILL after `STOP_GRACE_S`."""
+    with _running_lock:
+        _running.discard(process)
+    if process.poll() is None:
+        signal_group(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(STOP_GRACE_S)
+    signal_group(process.pid, signal.SIGKILL)  # workers that outlived their leader, if any
+
+
+def signal_group(group: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signum)
+
+
+def stop_trainers() -> None:
+    """Stop every trainer this process started (a flow told to stop)."""
+    with _running_lock:
+        running = list(_running)
+    for process in running:
+        stop_trainer(process)
 
 
 def train_to_store(
@@ -94,12 +136,14 @@ def train_to_store(
     import tempfile
 
     from flywheel.inference import release_vllm
+    from flywheel.watchdog import watchdog
     from training.job import TrainingJob
 
     release_vllm()  # the trainer needs the memory the engine's KV cache holds
 
     with tempfile.TemporaryDirectory(prefix="flywheel-train-") as folder:
         scratch = Path(folder)  # job file, log, trl's work folder; removed when done
+        watchdog().tell(temp_dir=folder)  # ... or by the watchdog if this process is killed
         output = store.write_dir(f"{out_url}/model") if store.is_local else scratch / "model"
         job = TrainingJob(
             model_dir=str(store.local_dir(model_url)),
@@ -139,6 +183,7 @@ def trainer_stage(
 ):
     """A whole training stage: skip if published, train under the stage's MLflow run, publish."""
     from flywheel.records import Manifest
+    from flywheel.tracking import end_status
 
     inputs = {
         "module": module, "model": model_url, "data": data_url, "settings": settings,
@@ -154,9 +199,9 @@ def trainer_stage(
         metrics = train_to_store(
             store, module, model_url, data_url, out_url, settings, trl_args, env
         )
-    except BaseException:
+    except BaseException as error:
         if run_id:
-            tracker.finish(run_id, "FAILED")
+            tracker.finish(run_id, end_status(error))  # KILLED or FAILED, never FINISHED
         raise
     if run_id:
         tracker.finish(run_id)

@@ -1,0 +1,70 @@
+"""How a flow process stops without leaving anything behind.
+
+Told to stop (SIGTERM from a person, a Prefect worker or Kubernetes; Ctrl-C): Prefect turns the
+signal into an exception in the main thread, and on its way out the recipe's stage flow stops
+every trainer's process group and shuts vLLM's engine down (`stop_children`), so stages running in
+other threads end in seconds instead of running to completion; the MLflow runs end KILLED; the
+process exits normally, so Prefect's temporary server is stopped by its own exit handler.
+
+Killed outright (SIGKILL): nothing runs in the process any more; its watchdog
+(`flywheel/watchdog.py`) stops what it left and marks its runs KILLED.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from contextlib import contextmanager
+
+
+def stop_children() -> None:
+    """Stop what this process started that would outlive a stopped flow: trainers, vLLM."""
+    from flywheel.inference import release_vllm
+    from training.launch import stop_trainers
+
+    stop_trainers()
+    release_vllm()  # a generate call in another thread fails now, which ends its stage
+
+
+@contextmanager
+def stopping_children_on_error():
+    """Stop trainers and vLLM when the block is left by an exception (a signal included)."""
+    try:
+        yield
+    except BaseException:
+        stop_children()
+        raise
+
+
+def exit_on_sigterm(signum, frame):
+    # SystemExit, unlike the default action, runs exit handlers: Prefect's temporary server is
+    # stopped by one. Prefect calls this after its own handling of the signal.
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def flow_process():
+    """For a process that runs one flow from the command line: SIGTERM exits cleanly, every
+    temporary file goes under one folder of the process's own (removed on the way out, or by the
+    watchdog after a SIGKILL), and the watchdog runs."""
+    from flywheel.watchdog import watchdog
+
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    # Short: vLLM puts its ZeroMQ sockets here, and a socket's path may not exceed 107 bytes.
+    temp_root = tempfile.mkdtemp(prefix="fw-")
+    previous_tempdir, previous_env = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir = os.environ["TMPDIR"] = temp_root  # trainers and vLLM's engine inherit it
+    watchdog().tell(temp_dir=temp_root)
+    try:
+        with stopping_children_on_error():
+            yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        tempfile.tempdir = previous_tempdir
+        if previous_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = previous_env
+        shutil.rmtree(temp_root, ignore_errors=True)

@@ -1,0 +1,126 @@
+"""Up-front checks: a run that cannot work is refused in seconds, with a message naming what to
+fix (the file or override and the field), and the command exits 2. No vLLM, no trainer."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.eto import main
+from flywheel.settings import ConfigError, ETOConfig, load_config
+
+
+def test_malformed_yaml_in_a_config_file_names_the_file_and_line(tmp_path):
+    config = tmp_path / "broken.yaml"
+    config.write_text("rounds: 1\nenv:\n  name: [textcraft\n  max_steps: 3\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(ETOConfig, str(config))
+    message = str(error.value)
+    assert str(config) in message and "not valid YAML" in message
+    assert "line 4" in message and "max_steps: 3" in message and "name: [textcraft" in message
+
+
+def test_malformed_yaml_in_an_override_names_the_override_and_field():
+    with pytest.raises(ConfigError) as error:
+        load_config(ETOConfig, None, ["env.train_tasks=[1,"])
+    message = str(error.value)
+    assert "override 'env.train_tasks=[1,'" in message and "value of env.train_tasks" in message
+
+
+def test_cli_refuses_malformed_yaml_without_a_traceback(tmp_path, capsys):
+    config = tmp_path / "broken.yaml"
+    config.write_text("env:\n  test_tasks: 5: 3\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.eto", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "test_tasks: 5: 3" in done.stderr
+    assert main(["dpo.beta='x"]) == 2
+    assert 'override "dpo.beta=\'x"' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "override, available",
+    [
+        ("env.train_tasks=100000", "the train split of textcraft holds 99 tasks"),
+        ("env.test_tasks=99", "the test split of textcraft holds 26 tasks"),
+    ],
+)
+def test_cli_refuses_more_tasks_than_the_split_holds(tmp_path, capsys, override, available):
+    code = main([f"storage_url={tmp_path}/runs", "env.max_expert_steps=4", override])
+    error = capsys.readouterr().err
+    assert code == 2, error
+    field = override.split("=")[0]
+    assert f"{override}:" in error and available in error and f"leave {field} unset" in error
+
+
+def test_all_tasks_of_the_split_may_be_asked_for(tmp_path):
+    from envs import make_env
+    from flywheel.rollout import task_list
+
+    cfg = load_config(ETOConfig, None, ["env.max_expert_steps=4", "env.test_tasks=26"])
+    assert len(task_list(make_env(cfg.env), "test", cfg.env, cfg.seed)) == 26
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_cli_refuses_an_mlflow_server_that_is_down_within_seconds(tmp_path, capsys, monkeypatch):
+    uri = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    started = time.monotonic()
+    code = main([f"storage_url={tmp_path}/runs"])
+    elapsed = time.monotonic() - started
+    error = capsys.readouterr().err
+    assert code == 2, error
+    assert uri in error and "MLFLOW_TRACKING_URI" in error and "mlflow_tracking_uri" in error
+    assert elapsed < 60  # trl's import is most of it; MLflow's own retries took 272 s
+
+
+def test_an_mlflow_server_that_never_answers_times_out_in_seconds(tmp_path):
+    from flywheel.runner import MLFLOW_CHECK_TIMEOUT_S, check_mlflow
+
+    with socket.socket() as silent:  # accepts connections (backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        cfg = ETOConfig(mlflow_tracking_uri=uri, storage_url=str(tmp_path))
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match="does not answer within"):
+            check_mlflow(cfg)
+    assert time.monotonic() - started < MLFLOW_CHECK_TIMEOUT_S + 5
+
+
+def test_a_fresh_sqlite_store_opened_by_processes_at_once_stays_usable(tmp_path):
+    """Without the lock next to the database, one of two processes creating it at the same
+    moment crashes in MLflow's migration."""
+    database = tmp_path / "mlflow.db"
+    start_at = time.time() + 8  # every process imported MLflow by then
+    script = (
+        "import sys, time; from flywheel.tracking import Tracker; "
+        f"time.sleep(max(0, {start_at} - time.time())); "
+        f"t = Tracker('sqlite:///{database}', 'flywheel'); print('experiment', t.experiment_id)"
+    )
+    repo = Path(__file__).resolve().parent.parent
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", script], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=120) for p in processes]
+    for process, (_, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, err.decode()[-2000:]
+    assert {out.decode().split()[-1] for out, _ in outputs} == {"1"}  # one experiment, shared
