@@ -190,8 +190,7 @@ def test_stage_caches_are_checksummed_manifests_on_s3_and_nothing_is_pickled(run
     sft = store.read_manifest(store.url("eto-tiny/sft"))
     assert "model/config.json" in sft.checksums and sft.inputs_digest and sft.code_version
     assert not store.list_files(store.url(".prefect-results"))
-    local_results = Path(os.environ["PREFECT_HOME"]) / "storage"
-    assert not (local_results.exists() and any(local_results.iterdir()))
+    assert not [u for u in store.list_files(store.root) if "prefect" in u]
     client = MlflowClient(runs["config"]["mlflow_tracking_uri"])
     experiment = client.get_experiment_by_name("flywheel")
     assert experiment.artifact_location.startswith("mlflow-artifacts:")  # proxied by the server
