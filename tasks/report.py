@@ -10,28 +10,38 @@ from pathlib import Path
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from flywheel.confidence import wilson_interval
 from flywheel.records import Manifest
 from flywheel.stage import TrackingRef, artifact_key, store_for
 
 
 def results_rows(evaluations: list[tuple[str, Manifest]]) -> list[dict]:
-    return [
-        {
-            "stage": label,
-            "success_rate": round(m.metrics["success_rate"], 4),
-            "solved": f"{m.counts.get('successes', 0)}/{m.counts.get('episodes', 0)}",
-            "average_reward": round(m.metrics["average_reward"], 4),
-            "average_steps": round(m.metrics["average_steps"], 2),
-        }
-        for label, m in evaluations
-    ]
+    rows = []
+    for label, m in evaluations:
+        solved, episodes = m.counts.get("successes", 0), m.counts.get("episodes", 0)
+        low, high = wilson_interval(solved, episodes)
+        rows.append(
+            {
+                "stage": label,
+                "success_rate": round(m.metrics["success_rate"], 4),
+                "ci95_low": round(low, 4),
+                "ci95_high": round(high, 4),
+                "solved": f"{solved}/{episodes}",
+                "average_reward": round(m.metrics["average_reward"], 4),
+                "average_steps": round(m.metrics["average_steps"], 2),
+            }
+        )
+    return rows
 
 
 def markdown_table(rows: list[dict]) -> str:
-    header = "| stage | success rate | solved | average reward | average steps |\n|---|---|---|---|---|\n"
+    header = (
+        "| stage | success rate | 95% interval (Wilson) | solved (n) | average reward "
+        "| average steps |\n|---|---|---|---|---|---|\n"
+    )
     return header + "".join(
-        f"| {r['stage']} | {r['success_rate']:.1%} | {r['solved']} | {r['average_reward']:.3f} "
-        f"| {r['average_steps']:.1f} |\n"
+        f"| {r['stage']} | {r['success_rate']:.1%} | {r['ci95_low']:.1%}–{r['ci95_high']:.1%} "
+        f"| {r['solved']} | {r['average_reward']:.3f} | {r['average_steps']:.1f} |\n"
         for r in rows
     )
 
@@ -45,10 +55,18 @@ def success_plot(rows: list[dict], title: str) -> bytes:
     fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
     labels = [r["stage"] for r in rows]
     values = [100 * r["success_rate"] for r in rows]
-    bars = ax.bar(labels, values, color="#4c72b0")
-    ax.bar_label(bars, fmt="%.1f%%")
-    ax.set_ylabel("success rate on test tasks (%)")
-    ax.set_ylim(0, max(10.0, max(values, default=0) * 1.25))
+    errors = [
+        [100 * (r["success_rate"] - r["ci95_low"]) for r in rows],
+        [100 * (r["ci95_high"] - r["success_rate"]) for r in rows],
+    ]
+    bars = ax.bar(labels, values, color="#4c72b0", yerr=errors, capsize=4, ecolor="#333333")
+    ax.bar_label(
+        bars, labels=[f"{v:.1f}% ({r['solved']})" for v, r in zip(values, rows, strict=True)]
+    )
+    ax.set_ylabel("success rate on test tasks (%)\nbars: 95% Wilson interval")
+    ax.set_ylim(
+        0, min(100.0, max(10.0, max((100 * r["ci95_high"] for r in rows), default=0) * 1.15))
+    )
     ax.set_title(title)
     fig.tight_layout()
     buffer = io.BytesIO()
