@@ -132,7 +132,7 @@ def test_splice_keeps_the_bad_prefix_without_loss_and_trains_on_revision_and_goo
     ] + ["Observation: Inventory: a z"]
     # The loss flags survive into the SFT rows: only revision and good turns are learned.
     ids, mask = chat.encode(revised.training_messages)
-    (row,) = sft_rows([revised], chat, max_length=4096)
+    (row,), _ = sft_rows([revised], chat, max_length=4096)
     assert row["input_ids"] == ids and row["assistant_masks"] == mask
     learned = chat.tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
     assert "oops" in learned and "get 1 b" in learned and "craft 1 x" in learned
