@@ -52,3 +52,16 @@ def test_sides_end_on_agent_turns_and_tasks_without_expert_are_counted():
     pairs, report = build_pairs(explored, [trajectory("a", 1.0, 2, "expert")])
     assert len(pairs) == 1 and pairs[0].rejected[-1].role == "assistant"
     assert report.no_expert == 1
+
+
+def test_explorations_the_environment_crashed_are_skipped_and_counted():
+    crashed = trajectory("a", 0.0, 2).model_copy(
+        update={"finish_reason": "error: ConnectionResetError: peer closed"}
+    )
+    lost = trajectory("b", 0.0, 2).model_copy(update={"finish_reason": "lost: server gone"})
+    failed = trajectory("c", 0.0, 2).model_copy(update={"finish_reason": "max_steps"})
+    experts = [trajectory(t, 1.0, 2, "expert") for t in "abc"]
+    pairs, report = build_pairs([crashed, lost, failed], experts)
+    # Only the policy's own failure is paired; the crash and the lost episode are not its doing.
+    assert [p.task_id for p in pairs] == ["c"]
+    assert (report.crashed, report.losses, report.ties, report.dropped) == (2, 1, 0, 0)

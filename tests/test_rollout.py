@@ -71,3 +71,43 @@ def test_shards_are_balanced_non_empty_and_cover_every_sample():
     assert sorted(t for p in parts for t in p) == ["a", "a", "b", "b", "c", "c"]
     assert [len(p) for p in parts] == [3, 3]
     assert shard(["a"], shards=4, samples_per_task=1) == [["a"]]
+
+
+class CharacterBackend:
+    """Plays a fixed script, generating each reply one character per token: the same text as the
+    tokenizer's own ids would give, through different ids (as a sampling model may)."""
+
+    def __init__(self, tokenizer, replies: list[str]):
+        self.tokenizer, self.replies, self.prompts = tokenizer, list(replies), []
+
+    def ids(self, text: str) -> list[int]:
+        return [i for c in text for i in self.tokenizer(c, add_special_tokens=False)["input_ids"]]
+
+    def generate(self, prompts, sampling):
+        self.prompts += prompts
+        text = self.replies.pop(0)
+        return [Generation(text, self.ids(text) + [self.tokenizer.eos_token_id], "stop")]
+
+
+def test_replies_keep_the_ids_the_model_generated_not_the_retokenised_text(chat):
+    env = make_env("textcraft")
+    plan = [format_reply(t, a) for t, a in env.expert_plan("acacia_boat")]
+    backend = CharacterBackend(chat.tokenizer, plan)
+    canonical = chat.tokenizer(plan[0], add_special_tokens=False)["input_ids"]
+    assert chat.tokenizer.decode(backend.ids(plan[0])) == plan[0]
+    assert backend.ids(plan[0]) != canonical  # the test means something only if they differ
+    prefix = agent_prefix(env, [])
+    (trajectory,) = run_batched(
+        env, ["acacia_boat"], backend, chat, prefix, RolloutSettings(max_steps=6), progress=False
+    )
+    assert trajectory.success
+    replies = [m for m in trajectory.continuation if m.role == "assistant"]
+    assert [m.token_ids for m in replies] == [backend.ids(text) for text in plan]
+    # The next prompt carries the generated ids, and so does the training row.
+    first_turn = chat.header_ids + backend.ids(plan[0]) + chat.turn_end_ids
+    second_prompt = backend.prompts[1]
+    start = len(chat.encode(trajectory.messages[: trajectory.episode_start + 1])[0])
+    assert second_prompt[start : start + len(first_turn)] == first_turn
+    ids, _ = chat.encode(trajectory.training_messages)
+    last_turn = chat.header_ids + backend.ids(plan[-1]) + chat.turn_end_ids
+    assert ids[-len(last_turn) :] == last_turn
