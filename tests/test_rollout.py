@@ -3,6 +3,8 @@ so the loop's rules can be checked exactly; real vLLM runs in test_eto_flow)."""
 
 from __future__ import annotations
 
+import pytest
+
 from envs import make_env
 from flywheel.chat import FORMAT_HINT, format_reply
 from flywheel.inference import Generation
@@ -111,3 +113,39 @@ def test_replies_keep_the_ids_the_model_generated_not_the_retokenised_text(chat)
     ids, _ = chat.encode(trajectory.training_messages)
     last_turn = chat.header_ids + backend.ids(plan[-1]) + chat.turn_end_ids
     assert ids[-len(last_turn) :] == last_turn
+
+
+def test_a_rollout_stage_publishes_its_averages(tmp_path, tiny_model_dir, chat, monkeypatch):
+    """Two episodes, one solved in its expert's steps and one never parsed, averaged by hand."""
+    import flywheel.rollout as rollout
+    from flywheel.inference import SamplingSettings
+    from flywheel.records import Trajectory
+    from flywheel.settings import EnvSettings, InferenceSettings
+    from flywheel.storage import ArtifactStore
+
+    env = make_env("textcraft")
+    solved, garbage = "acacia_boat", "birch_boat"
+    plan = env.expert_plan(solved)  # 4 steps
+    backend = ScriptedBackend(chat, {solved: [format_reply(t, a) for t, a in plan],
+                                     garbage: ["hello"] * 10})  # fmt: skip
+    monkeypatch.setattr(rollout, "open_backend", lambda *args: backend)
+    store = ArtifactStore(str(tmp_path / "store"))
+    manifest = rollout.rollout_to_store(
+        store, "evaluate", f"file://{tiny_model_dir}", EnvSettings(), [solved, garbage],
+        agent_prefix(env, []), InferenceSettings(), 6, SamplingSettings(), store.url("eval"),
+    )  # fmt: skip
+    assert manifest.counts == {
+        "episodes": 2, "successes": 1, "ended_done": 1, "ended_max_steps": 1, "retried": 0,
+        "recoveries": 0,
+    }  # fmt: skip
+    metrics = manifest.metrics
+    assert (metrics["success_rate"], metrics["average_reward"]) == (0.5, 0.5)
+    assert metrics["average_steps"] == (len(plan) + 6) / 2
+    stored = store.read_records(manifest.files["trajectories"], Trajectory)
+    generated = sum(len(m.token_ids) for t in stored for m in t.messages if m.token_ids)
+    # Every generated token is counted once (the end token is not stored): 4 + 6 replies.
+    assert generated == sum(
+        len(chat.tokenizer(r, add_special_tokens=False)["input_ids"])
+        for r in [format_reply(t, a) for t, a in plan] + ["hello"] * 6
+    )
+    assert metrics["generated_tokens_per_s"] * metrics["seconds"] == pytest.approx(generated)
