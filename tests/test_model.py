@@ -5,6 +5,7 @@ The conversion runs once per session (about 30 s on two CPU cores); no vLLM here
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import time
 from pathlib import Path
@@ -81,7 +82,8 @@ def test_conversion_matches_gguf_logits(base_dir):
     marker = read_marker(base_dir)
     assert marker["source"]["file"] == gguf.name
     assert marker["source"]["size"] == gguf.stat().st_size
-    assert len(marker["source"]["sha256"]) == 64
+    with gguf.open("rb") as f:  # the marker names the very file it was converted from
+        assert marker["source"]["sha256"] == hashlib.file_digest(f, "sha256").hexdigest()
 
     converted = transformers.AutoModelForCausalLM.from_pretrained(base_dir).eval()
     assert converted.dtype == torch.float32
@@ -112,16 +114,18 @@ def test_converted_tokenizer_and_generation_config(base_dir):
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
     assert tokenizer.eos_token == "<|im_end|>"
-    assert tokenizer.pad_token_id is not None
+    # Padding is the end-of-turn token (as the GGUF declares), in all three places trainers and
+    # generation read it from.
+    assert tokenizer.pad_token_id == im_end
     prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
     assert prompt.endswith("<|im_start|>assistant\n")
 
     generation = transformers.GenerationConfig.from_pretrained(base_dir)
     eos = generation.eos_token_id
     assert im_end in (eos if isinstance(eos, list) else [eos])
-    assert generation.pad_token_id is not None
+    assert generation.pad_token_id == im_end
     config = transformers.AutoConfig.from_pretrained(base_dir)
-    assert config.eos_token_id == im_end
+    assert config.eos_token_id == config.pad_token_id == im_end
 
 
 def test_second_conversion_is_a_cache_hit(base_dir):
