@@ -3,6 +3,8 @@ which parameters one optimizer step changes; the trl arguments each stage passes
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -68,3 +70,29 @@ def test_stage_settings_reach_trls_arguments():
         "beta": 0.3, "learning_rate": 2e-6, "num_train_epochs": 1,
         "gradient_accumulation_steps": 2, "seed": 1,
     }  # fmt: skip
+
+
+# Config checks that need no trainer (they lived in the slow test_distributed_training).
+def test_batch_size_must_split_evenly_over_processes():
+    from flywheel.settings import ConfigError, ETOConfig, validate_config
+
+    with pytest.raises(ConfigError, match="multiple of num_processes"):
+        validate_config(ETOConfig, {"sft": {"batch_size": 3, "num_processes": 2}})
+
+
+@pytest.mark.parametrize(
+    "name, kind, zero_stage",
+    [("ddp", "MULTI_GPU", None), ("zero2", "DEEPSPEED", 2), ("zero3", "DEEPSPEED", 3)],
+)
+def test_shipped_accelerate_configs_load_and_launch_with_the_stage_settings(name, kind, zero_stage):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from training.launch import accelerate_config_file, command
+
+    config = load_config_from_file(accelerate_config_file(name))  # accelerate's own checks
+    assert config.distributed_type.name == kind
+    assert (config.deepspeed_config or {}).get("zero_stage") == zero_stage
+    launched = command("training.sft", Path("job.json"), 2, name)
+    assert launched[1:3] == ["-m", "accelerate.commands.launch"]
+    assert launched[launched.index("--config_file") + 1] == accelerate_config_file(name)
+    assert launched[launched.index("--num_processes") + 1] == "2"
