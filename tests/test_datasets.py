@@ -185,3 +185,16 @@ def test_the_collator_masks_observations_and_padding(chat, collator_rows):
         len(r[f"{side}_ids"]) for r in collator_rows for side in ("chosen", "rejected")
     )
     assert 0 < batch["completion_mask"].sum() < completions
+
+
+def test_row_counts_add_up_over_many_rows(chat):
+    fits, long = episode(2), episode(12)
+    silent = episode(2, loss=False)
+    prompt_len = len(chat.encode(fits.prompt)[0])
+    room = sum(lengths(chat, fits.continuation))  # all of `fits`, part of `long`
+    huge = episode(2, final="craft 1 x using " + "1 a, " * 400 + "1 a")
+    rows, counts = sft_rows([huge, silent, long, fits, huge, silent, long, fits], chat,
+                            prompt_len + room)  # fmt: skip
+    assert counts == RowCounts(rows=4, rows_shortened=2, rows_dropped_too_long=2,
+                               rows_dropped_no_loss=2)  # fmt: skip
+    assert len(rows) == 4 and rows[1] == rows[3]  # `fits`, whole, twice

@@ -19,6 +19,7 @@ from flywheel.mcts import (
     SearchTree,
     TreeNode,
     backpropagate,
+    divergence,
     render,
     search,
     uct_choice,
@@ -230,3 +231,37 @@ def test_a_terminal_first_child_leaves_its_siblings_open_to_search(chat):
     assert (tree.nodes[2].visits, tree.nodes[2].value) == (3, 2.0)
     assert (tree.nodes[4].visits, tree.nodes[4].value) == (2, 1.0)
     assert tree.nodes[0].closed and tree.expansions == 3
+
+
+def test_a_leaf_becomes_a_trajectory_with_the_generated_ids_and_the_leafs_outcome():
+    """root -> 1 -> 2 -> 3 (done, reward 1) and 2 -> 4: the path to 3 as an episode."""
+    nodes = [TreeNode(id=0, observation="Goal: craft x.")]
+    for id, parent, action in [(1, 0, "get 1 a"), (2, 1, "get 1 b"), (3, 2, "craft 1 x"),
+                               (4, 2, "inventory")]:  # fmt: skip
+        nodes.append(TreeNode(
+            id=id, parent=parent, depth=nodes[parent].depth + 1, reply=f"Action: {action}",
+            token_ids=[100 + id, 200 + id], end_generated=id != 2, action=action,
+            observation=f"seen {id}",
+        ))  # fmt: skip
+        nodes[parent].children.append(id)
+    nodes[3].finish, nodes[3].score, nodes[3].reward = "done", 1.0, 1.0
+    nodes[4].finish, nodes[4].score = "max_depth", 0.0
+    tree = SearchTree(task_id="x", env="e", nodes=nodes)
+    prefix = [Message(role="system", content="S"), Message(role="user", content="example")]
+    trajectory = tree.trajectory(3, prefix)
+    assert trajectory.messages[:2] == prefix and trajectory.episode_start == 2
+    assert [(m.role, m.content, m.loss, m.token_ids, m.end_generated)
+            for m in trajectory.messages[2:]] == [
+        ("user", "Goal: craft x.", False, None, True),
+        ("assistant", "Action: get 1 a", True, [101, 201], True), ("user", "Observation: seen 1", False, None, True),
+        ("assistant", "Action: get 1 b", True, [102, 202], False), ("user", "Observation: seen 2", False, None, True),
+        ("assistant", "Action: craft 1 x", True, [103, 203], True),  # the leaf's answer is not shown
+    ]  # fmt: skip
+    assert (trajectory.task_id, trajectory.env, trajectory.source) == ("x", "e", "mcts")
+    assert (trajectory.reward, trajectory.success, trajectory.n_steps) == (1.0, True, 3)
+    assert trajectory.finish_reason == "done"
+    failed = tree.trajectory(4, prefix, source="bad")
+    assert (failed.reward, failed.success, failed.finish_reason, failed.source) == (
+        0.0, False, "max_depth", "bad"
+    )  # fmt: skip
+    assert divergence(tree, 3, 4) == 2 and divergence(tree, 4, 3) == 2
