@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-scienceworld test lint bench bench-mcts bench-env services deploy worker
+.PHONY: install demo demo-agent-r demo-scienceworld test test-fast mutation lint bench bench-mcts bench-env services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -18,8 +18,22 @@ demo: install
 demo-agent-r: install
 	$(PY) -m flows.agent_r --config configs/agent_r_textcraft.yaml
 
+# Both tiers, the fast one first: a broken rule fails in minutes, before vLLM and trainers start.
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m slow
+
+# The fast tier alone (no vLLM, no trainer): run it on every change.
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+# Mutation testing of the core modules against the fast tests ([tool.mutmut] in pyproject.toml);
+# not part of `make test` (tens of minutes). `mutmut results` lists survivors, `mutmut show NAME`
+# shows one. MUTANTS narrows the run, e.g. MUTANTS='flywheel.mcts*'.
+mutation: install
+	rm -rf mutants
+	nice -n 19 .venv/bin/mutmut run --max-children $(or $(MUTATION_JOBS),2) $(MUTANTS)
+	.venv/bin/python scripts/mutation_scores.py
 
 lint: install
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

@@ -185,10 +185,14 @@ class TextCraftEpisode(Episode):
             return StepResult(
                 f"Action too long ({len(action)} characters); send one command.", 0.0, False
             )
+        before = dict(self._game.inventory)
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 observation, reward, terminated, _, _ = self._game.step(action)
-        except Exception as error:  # e.g. int() of a 5000-digit count; the game must not crash
+        except Exception as error:  # a bug of the package's; the game must not crash
+            # The package catches its own ActionFailed; anything else may have stopped a craft
+            # halfway (inputs removed, output not added): the step is undone.
+            self._game.inventory = before
             return StepResult(f"Could not execute {action}: {type(error).__name__}", 0.0, False)
         self.done = bool(terminated)
         return StepResult(_tidy(str(observation)), float(reward), self.done)

@@ -101,12 +101,15 @@ class ChatTokenizer:
         return self._render([self._system, message])[len(base) :]
 
     def message_ids(self, message: Message, first: bool = False) -> tuple[list[int], list[int]]:
-        """Token ids of one message and its loss mask (1 on the reply and its end marker)."""
+        """Token ids of one message and its loss mask (1 on the reply and its end marker; on a
+        generated turn, on the end marker only if the model generated it)."""
         if message.role == "assistant" and message.token_ids is not None:
             body = self.strip_end(message.token_ids)
             ids = self.header_ids + body + self.turn_end_ids
             flag = int(message.loss)
-            return ids, [0] * len(self.header_ids) + [flag] * (len(body) + len(self.turn_end_ids))
+            end_flag = flag if message.end_generated else 0
+            mask = [0] * len(self.header_ids) + [flag] * len(body)
+            return ids, mask + [end_flag] * len(self.turn_end_ids)
         as_dict = {"role": message.role, "content": message.content}
         text = self._render([as_dict]) if first else self._chunk_text(as_dict)
         if first and message.role != "system":
@@ -131,3 +134,16 @@ class ChatTokenizer:
         while body and body[-1] in self.eos_ids:
             body.pop()
         return body
+
+    def generated_message(self, text: str, token_ids: list[int], loss: bool = True) -> Message:
+        """An assistant turn as the model generated it: its ids without the end token, and
+        whether the model generated that end itself (it did not when it stopped on a stop string
+        or at max_tokens)."""
+        body = self.strip_end(token_ids)
+        return Message(
+            role="assistant",
+            content=text,
+            loss=loss,
+            token_ids=body,
+            end_generated=len(body) < len(token_ids),
+        )

@@ -37,7 +37,8 @@ class TreeNode(BaseModel):
     parent: int | None = None
     depth: int = 0  # agent turns from the root
     reply: str = ""  # the agent's reply that led here (empty at the root)
-    token_ids: list[int] | None = None  # the reply's ids as generated
+    token_ids: list[int] | None = None  # the reply's ids as generated, without the end token
+    end_generated: bool = True  # whether the model generated the end token (see Message)
     action: str | None = None  # the action parsed from the reply; None when it had none
     observation: str = ""  # the environment's answer (the root: the instruction)
     reward: float = 0.0  # raw reward summed along the path
@@ -105,7 +106,13 @@ def step_messages(steps: list[TreeNode], loss: bool, last_observation: bool) -> 
     messages = []
     for i, node in enumerate(steps):
         messages.append(
-            Message(role="assistant", content=node.reply, loss=loss, token_ids=node.token_ids)
+            Message(
+                role="assistant",
+                content=node.reply,
+                loss=loss,
+                token_ids=node.token_ids,
+                end_generated=node.end_generated,
+            )
         )
         if last_observation or i < len(steps) - 1:
             messages.append(Message(role="user", content=format_observation(node.observation)))
@@ -267,9 +274,12 @@ def _expand(env, chat, s: _Search, generations: list[Generation], limits: Search
     tree.expansions += 1
     tree.samples += len(generations)
     tree.duplicates += dropped
-    for generation in replies:
-        child = _child(env, chat, s, parent, generation, limits)
-        parent.children.append(child.id)
+    children = [_child(env, chat, s, parent, generation, limits) for generation in replies]
+    # Every sibling is attached before any is back-propagated: a terminal first child would
+    # otherwise close its parent (all children it has so far are closed) and, up the path, the
+    # root, and its siblings would never be searched.
+    parent.children += [child.id for child in children]
+    for child in children:
         if child.terminal:
             backpropagate(tree, child.id, child.score)
     # The parent's caches are only needed to build its children.
@@ -281,12 +291,14 @@ def _expand(env, chat, s: _Search, generations: list[Generation], limits: Search
 
 def _child(env, chat, s: _Search, parent: TreeNode, generation: Generation, limits) -> TreeNode:
     tree = s.tree
+    generated = chat.generated_message(generation.text, generation.token_ids)
     child = TreeNode(
         id=len(tree.nodes),
         parent=parent.id,
         depth=parent.depth + 1,
         reply=generation.text,
-        token_ids=chat.strip_end(generation.token_ids),
+        token_ids=generated.token_ids,
+        end_generated=generated.end_generated,
         action=parse_reply(generation.text).action,
         reward=parent.reward,
     )

@@ -20,6 +20,10 @@ class Message(BaseModel):
     loss: bool = False
     # Token ids exactly as generated (assistant turns sampled from a model), without the end token.
     token_ids: list[int] | None = None
+    # Whether the model generated the turn's end token itself (turns with `token_ids` only). False
+    # when it stopped on a stop string or at max_tokens: the turn end was added for it, so no loss
+    # goes on those tokens (a loss on a token the model never sampled can blow up).
+    end_generated: bool = True
 
 
 class Trajectory(BaseModel):

@@ -170,7 +170,7 @@ def run_sequential(env, task_ids, backend, chat, prefix, settings) -> list[Traje
 
 def _reply(chat, state: _Live, text: str, token_ids: list[int]) -> ParsedReply:
     """Add the model's reply to the episode and parse it (its action, or what is wrong)."""
-    reply = Message(role="assistant", content=text, loss=True, token_ids=chat.strip_end(token_ids))
+    reply = chat.generated_message(text, token_ids)
     state.messages.append(reply)
     state.ids += chat.message_ids(reply)[0]
     state.steps += 1

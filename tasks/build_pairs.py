@@ -2,7 +2,9 @@
 
 The higher final reward is `chosen`; ties are skipped. When the expert wins, the failed exploration
 is cut to the expert's length plus `extra_turns` turns (ETO keeps `expert + 5*2` messages). Both
-sides must end on an agent turn, or the pair is dropped.
+sides must end on an agent turn, or the pair is dropped. An exploration that the environment ended
+with an error (finish reason "error: ...") or that lost its server ("lost: ...") says nothing
+about the policy: it is skipped and counted, never paired as a failure.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class PairReport:
     losses: int = 0  # expert beat exploration
     dropped: int = 0  # a side did not end on an agent turn
     no_expert: int = 0
+    crashed: int = 0  # the environment failed (or was lost) under the exploration: not paired
 
 
 def _ends_on_agent(messages: list[Message]) -> list[Message]:
@@ -33,6 +36,9 @@ def build_pairs(
     experts = {t.task_id: t for t in expert}
     pairs, report = [], PairReport()
     for trajectory in explored:
+        if trajectory.finish_reason.startswith(("error", "lost")):
+            report.crashed += 1
+            continue
         golden = experts.get(trajectory.task_id)
         if golden is None:
             report.no_expert += 1

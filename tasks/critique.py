@@ -25,6 +25,8 @@ from flywheel.settings import CritiqueSettings, EnvSettings, InferenceSettings
 from flywheel.stage import stage_task, store_for
 
 VERIFIER_SYSTEM = "You review an agent's work one step at a time and say whether a step was right."
+ELIDED = " [...] "  # marks the middle cut out of a text too long for the prompt
+MIN_SHORTENED_CHARS = 32  # a text is not cut below this; the prompt is refused instead
 
 # Both spellings, any case, optional markdown around the verdict: "**Judgment:** bad".
 _VERDICT = re.compile(
@@ -116,14 +118,41 @@ def critique_pairs(
 
 
 def _prompt_ids(review: _Review, chat: ChatTokenizer, history_steps: int, room: int) -> list[int]:
+    """The verifier prompt within `room` tokens. The oldest history goes first; then the longest
+    of the task, the judged step's observation and its reply (when it had no action) is cut in
+    its middle, so the system message, the task's start and end and the question are kept."""
     history = review.steps[max(0, review.at - history_steps) : review.at]
     instruction = review.tree.nodes[0].observation
-    while True:  # drop the oldest history until the prompt fits
-        messages = verifier_messages(instruction, history, review.steps[review.at])
-        ids, _ = chat.encode(messages)
-        if len(ids) <= room or not history:
-            return (ids + chat.header_ids)[-(room + len(chat.header_ids)) :]
-        history = history[1:]
+    step = review.steps[review.at]
+    while True:
+        ids, _ = chat.encode(verifier_messages(instruction, history, step))
+        if len(ids) <= room:
+            return ids + chat.header_ids
+        if history:
+            history = history[1:]
+            continue
+        texts = {"instruction": instruction, "observation": step.observation}
+        if step.action is None:  # the prompt shows the whole reply
+            texts["reply"] = step.reply
+        longest = max(texts, key=lambda name: len(texts[name]))
+        if len(texts[longest]) <= MIN_SHORTENED_CHARS:
+            raise ValueError(
+                f"the critique prompt does not fit in max_model_len (room for {room} tokens "
+                "before the reply): raise inference.max_model_len or lower critique.max_tokens"
+            )
+        shorter = shorten_middle(texts[longest], len(texts[longest]) // 2)
+        if longest == "instruction":
+            instruction = shorter
+        else:
+            step = step.model_copy(update={longest: shorter})
+
+
+def shorten_middle(text: str, chars: int) -> str:
+    """`text` cut to about `chars` characters: its start and its end, with a mark between."""
+    if len(text) <= chars:
+        return text
+    head = chars // 2
+    return text[:head] + ELIDED + text[len(text) - (chars - head) :]
 
 
 def _critique(review: _Review, oracle) -> Critique:

@@ -87,7 +87,7 @@ def test_stages_turn_trees_into_trained_revisions(stages):
     assert not turns[0].loss and turns[-1].loss  # bad prefix unlearned, good path learned
     revision_turn = next(m for m in turns if m.loss)
     assert revision_turn.content.endswith("Action: inventory") and revision_turn.token_ids is None
-    (row,) = sft_rows([revision], stages["chat"], 2048)
+    (row,), _ = sft_rows([revision], stages["chat"], 2048)
     assert 0 < sum(row["assistant_masks"]) < len(row["input_ids"])
     assert store.exists(stages["model"].files["model"] + "/config.json")
 

@@ -57,3 +57,25 @@ def test_generated_token_ids_are_used_verbatim(chat):
     ids, mask = chat.message_ids(message)
     assert ids == chat.header_ids + odd + chat.turn_end_ids
     assert mask == [0] * len(chat.header_ids) + [1] * (len(odd) + len(chat.turn_end_ids))
+
+
+def test_a_turn_end_the_model_did_not_generate_carries_no_loss(chat):
+    reply = chat.tokenizer("Thought: t\nAction: inventory", add_special_tokens=False)["input_ids"]
+    # Stopped on its end token: the end is the model's own, and learned.
+    ended = chat.generated_message(
+        "Thought: t\nAction: inventory", reply + [chat.tokenizer.eos_token_id]
+    )
+    # Stopped on a stop string (or max_tokens): the end marker is added for it, not learned.
+    cut = chat.generated_message("Thought: t\nAction: inventory", reply)
+    assert ended.token_ids == cut.token_ids == reply
+    assert (ended.end_generated, cut.end_generated) == (True, False)
+    header, end = len(chat.header_ids), len(chat.turn_end_ids)
+    ids, mask = chat.message_ids(ended)
+    assert ids == chat.header_ids + reply + chat.turn_end_ids
+    assert mask == [0] * header + [1] * len(reply) + [1] * end
+    ids, mask = chat.message_ids(cut)
+    assert ids == chat.header_ids + reply + chat.turn_end_ids  # the prompt still closes the turn
+    assert mask == [0] * header + [1] * len(reply) + [0] * end
+    # A turn without loss learns nothing, its end included.
+    quiet = ended.model_copy(update={"loss": False})
+    assert chat.message_ids(quiet)[1] == [0] * (header + len(reply) + end)

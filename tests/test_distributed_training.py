@@ -3,8 +3,6 @@ sequences per optimizer step, so the same losses and the same weights, up to flo
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from safetensors.torch import load_file
 
@@ -54,28 +52,3 @@ def test_two_processes_learn_what_one_process_learns(trained, tiny_model_dir):
     apart = max((weights[0][k] - weights[1][k]).abs().max().item() for k in start)
     assert trained > 1e-3  # training moved the weights...
     assert apart < trained / 100  # ...and both runs moved them the same way
-
-
-def test_batch_size_must_split_evenly_over_processes():
-    from flywheel.settings import ConfigError, ETOConfig, validate_config
-
-    with pytest.raises(ConfigError, match="multiple of num_processes"):
-        validate_config(ETOConfig, {"sft": {"batch_size": 3, "num_processes": 2}})
-
-
-@pytest.mark.parametrize(
-    "name, kind, zero_stage",
-    [("ddp", "MULTI_GPU", None), ("zero2", "DEEPSPEED", 2), ("zero3", "DEEPSPEED", 3)],
-)
-def test_shipped_accelerate_configs_load_and_launch_with_the_stage_settings(name, kind, zero_stage):
-    from accelerate.commands.config.config_args import load_config_from_file
-
-    from training.launch import accelerate_config_file, command
-
-    config = load_config_from_file(accelerate_config_file(name))  # accelerate's own checks
-    assert config.distributed_type.name == kind
-    assert (config.deepspeed_config or {}).get("zero_stage") == zero_stage
-    launched = command("training.sft", Path("job.json"), 2, name)
-    assert launched[1:3] == ["-m", "accelerate.commands.launch"]
-    assert launched[launched.index("--config_file") + 1] == accelerate_config_file(name)
-    assert launched[launched.index("--num_processes") + 1] == "2"

@@ -11,17 +11,21 @@ import random
 import pytest
 
 from envs import make_env
+from envs.base import Environment, Episode, StepResult
+from flywheel.chat import format_reply
 from flywheel.inference import Generation
 from flywheel.mcts import (
     SearchLimits,
     SearchTree,
     TreeNode,
     backpropagate,
+    divergence,
     render,
     search,
     uct_choice,
     unique_replies,
 )
+from flywheel.records import Message
 from flywheel.rollout import agent_prefix
 from flywheel.scripted_policy import NoisyExpertBackend
 
@@ -48,11 +52,10 @@ def test_uct_prefers_unvisited_then_the_best_score():
 def test_uct_breaks_ties_by_the_seeded_coin_and_skips_closed_children():
     parent = node(0, visits=4)
     a, b = node(1, 0, visits=2, value=1.0), node(2, 0, visits=2, value=1.0)
-    picks = {uct_choice(parent, [a, b], 0.25, random.Random(seed)).id for seed in range(20)}
-    assert picks == {1, 2}
-    assert uct_choice(parent, [a, b], 0.25, random.Random(3)).id == (
-        uct_choice(parent, [a, b], 0.25, random.Random(3)).id
-    )
+    picks = [uct_choice(parent, [a, b], 0.25, random.Random(seed)).id for seed in range(20)]
+    assert set(picks) == {1, 2}
+    # The coin is the given rng (not the global one): each pick is that seed's own choice.
+    assert picks == [random.Random(seed).choice([1, 2]) for seed in range(20)]
     closed = node(3, 0, closed=True)
     assert uct_choice(parent, [closed, a], 0.25, random.Random(0)) is a
     assert uct_choice(parent, [closed], 0.25, random.Random(0)) is None
@@ -69,6 +72,26 @@ def test_backpropagation_adds_the_score_to_every_ancestor_and_closes_exhausted_n
     assert middle.closed  # its only child is terminal
     assert not root.closed  # child 3 is still open
     assert tree.nodes[3].visits == 0
+
+
+def test_backpropagation_sums_different_scores_and_counts_every_visit():
+    """root -> 1 -> {2, 3}; root -> 4. Leaves 2 and 3 score 0.25 and 0.5; 4 ends later with 0."""
+    root, middle, still_open = node(0), node(1, 0), node(4, 0)
+    low = node(2, 1, finish="max_depth", score=0.25, closed=True)
+    high = node(3, 1, finish="done", score=0.5, closed=True)
+    root.children, middle.children = [1, 4], [2, 3]
+    tree = SearchTree(task_id="t", env="e", nodes=[root, middle, low, high, still_open])
+    backpropagate(tree, 2, 0.25)
+    backpropagate(tree, 3, 0.5)
+    # Sums, not the last score, and one visit per back-propagation through the node.
+    assert (middle.visits, middle.value) == (2, 0.75)
+    assert (root.visits, root.value) == (2, 0.75)
+    assert (low.visits, low.value, high.visits, high.value) == (1, 0.25, 1, 0.5)
+    assert middle.closed and not root.closed
+    still_open.finish, still_open.score, still_open.closed = "max_depth", 0.0, True
+    backpropagate(tree, 4, 0.0)
+    assert (root.visits, root.value) == (3, 0.75) and root.closed
+    assert (middle.visits, middle.value) == (2, 0.75)  # not on the path from 4
 
 
 def test_identical_replies_are_kept_once():
@@ -152,3 +175,93 @@ def test_children_of_a_parent_have_distinct_replies(env, chat, deep_tasks):
         assert len(replies) == len(set(replies))
     assert tree.samples == 4 * tree.expansions
     assert tree.samples - tree.duplicates == len(tree.nodes) - 1
+
+
+class Corridor(Environment):
+    """One task: 'win' ends it with reward 1; any other action walks one step further."""
+
+    name = "corridor"
+
+    def task_ids(self, split):
+        return ["t"]
+
+    def start(self, task_id):
+        return CorridorEpisode()
+
+
+class CorridorEpisode(Episode):
+    task_id, instruction = "t", "Goal: reach the end."
+
+    def step(self, action):
+        won = action == "win"
+        return StepResult("You won." if won else "You walked.", float(won), won)
+
+
+class WinOrWalkBackend:
+    """Every expansion samples two replies: 'win' first, then 'walk'."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts, sampling):
+        out = []
+        for i in range(len(prompts)):
+            text = format_reply("go", "win" if i % 2 == 0 else "walk")
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            out.append(Generation(text, ids + [self.tokenizer.eos_token_id], "stop"))
+        return out
+
+
+def test_a_terminal_first_child_leaves_its_siblings_open_to_search(chat):
+    env = Corridor()
+    limits = SearchLimits(iterations=5, max_depth=3, samples_per_node=2)
+    prefix = [Message(role="system", content="S")]
+    (tree,) = search(env, ["t"], WinOrWalkBackend(chat.tokenizer), chat, prefix, limits,
+                     progress=False)  # fmt: skip
+    # root -> 1 win (done), 2 walk -> 3 win (done), 4 walk -> 5 win (done), 6 walk (max_depth).
+    assert [(n.id, n.parent, n.action) for n in tree.nodes[1:]] == [
+        (1, 0, "win"), (2, 0, "walk"), (3, 2, "win"), (4, 2, "walk"), (5, 4, "win"),
+        (6, 4, "walk"),
+    ]  # fmt: skip
+    assert [(leaf.id, leaf.finish, leaf.score) for leaf in tree.leaves()] == [
+        (1, "done", 1.0), (3, "done", 1.0), (5, "done", 1.0), (6, "max_depth", 0.0),
+    ]  # fmt: skip
+    # Four leaves back-propagated through the root: three wins and one loss.
+    assert (tree.nodes[0].visits, tree.nodes[0].value) == (4, 3.0)
+    assert (tree.nodes[2].visits, tree.nodes[2].value) == (3, 2.0)
+    assert (tree.nodes[4].visits, tree.nodes[4].value) == (2, 1.0)
+    assert tree.nodes[0].closed and tree.expansions == 3
+
+
+def test_a_leaf_becomes_a_trajectory_with_the_generated_ids_and_the_leafs_outcome():
+    """root -> 1 -> 2 -> 3 (done, reward 1) and 2 -> 4: the path to 3 as an episode."""
+    nodes = [TreeNode(id=0, observation="Goal: craft x.")]
+    for id, parent, action in [(1, 0, "get 1 a"), (2, 1, "get 1 b"), (3, 2, "craft 1 x"),
+                               (4, 2, "inventory")]:  # fmt: skip
+        nodes.append(TreeNode(
+            id=id, parent=parent, depth=nodes[parent].depth + 1, reply=f"Action: {action}",
+            token_ids=[100 + id, 200 + id], end_generated=id != 2, action=action,
+            observation=f"seen {id}",
+        ))  # fmt: skip
+        nodes[parent].children.append(id)
+    nodes[3].finish, nodes[3].score, nodes[3].reward = "done", 1.0, 1.0
+    nodes[4].finish, nodes[4].score = "max_depth", 0.0
+    tree = SearchTree(task_id="x", env="e", nodes=nodes)
+    prefix = [Message(role="system", content="S"), Message(role="user", content="example")]
+    trajectory = tree.trajectory(3, prefix)
+    assert trajectory.messages[:2] == prefix and trajectory.episode_start == 2
+    assert [(m.role, m.content, m.loss, m.token_ids, m.end_generated)
+            for m in trajectory.messages[2:]] == [
+        ("user", "Goal: craft x.", False, None, True),
+        ("assistant", "Action: get 1 a", True, [101, 201], True), ("user", "Observation: seen 1", False, None, True),
+        ("assistant", "Action: get 1 b", True, [102, 202], False), ("user", "Observation: seen 2", False, None, True),
+        ("assistant", "Action: craft 1 x", True, [103, 203], True),  # the leaf's answer is not shown
+    ]  # fmt: skip
+    assert (trajectory.task_id, trajectory.env, trajectory.source) == ("x", "e", "mcts")
+    assert (trajectory.reward, trajectory.success, trajectory.n_steps) == (1.0, True, 3)
+    assert trajectory.finish_reason == "done"
+    failed = tree.trajectory(4, prefix, source="bad")
+    assert (failed.reward, failed.success, failed.finish_reason, failed.source) == (
+        0.0, False, "max_depth", "bad"
+    )  # fmt: skip
+    assert divergence(tree, 3, 4) == 2 and divergence(tree, 4, 3) == 2

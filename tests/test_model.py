@@ -5,7 +5,9 @@ The conversion runs once per session (about 30 s on two CPU cores); no vLLM here
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
 import time
 from pathlib import Path
 
@@ -81,7 +83,8 @@ def test_conversion_matches_gguf_logits(base_dir):
     marker = read_marker(base_dir)
     assert marker["source"]["file"] == gguf.name
     assert marker["source"]["size"] == gguf.stat().st_size
-    assert len(marker["source"]["sha256"]) == 64
+    with gguf.open("rb") as f:  # the marker names the very file it was converted from
+        assert marker["source"]["sha256"] == hashlib.file_digest(f, "sha256").hexdigest()
 
     converted = transformers.AutoModelForCausalLM.from_pretrained(base_dir).eval()
     assert converted.dtype == torch.float32
@@ -89,22 +92,39 @@ def test_conversion_matches_gguf_logits(base_dir):
     assert converted.lm_head.weight.data_ptr() == converted.model.embed_tokens.weight.data_ptr()
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(base_dir)
+    reference = gguf_reference(gguf, marker["source"]["sha256"])
+    assert tokenizer.chat_template == reference["chat_template"]
+    ids = _chat_ids(tokenizer)
+    assert ids == reference["ids"]
+    with torch.no_grad():
+        got = converted(torch.tensor([ids])).logits
+    assert got.shape == (1, len(ids), converted.config.vocab_size)
+    torch.testing.assert_close(got, reference["logits"], rtol=1e-4, atol=1e-4)
+
+
+def gguf_reference(gguf: Path, sha256: str) -> dict:
+    """What transformers reads from the GGUF itself: its chat template, the chat's ids and the
+    logits. Loading the GGUF takes most of a minute on two cores, so the answer is kept in the
+    test cache, keyed on the file's digest and the transformers version that read it."""
+    key = f"{sha256[:16]}-transformers-{transformers.__version__}"
+    cached = Path(os.environ["FLYWHEEL_CACHE"]) / "gguf-reference" / f"{key}.pt"
+    if cached.is_file():
+        return torch.load(cached)
     gguf_tokenizer = transformers.AutoTokenizer.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name
     )
-    assert tokenizer.chat_template == gguf_tokenizer.chat_template
-    ids = _chat_ids(tokenizer)
-    assert ids == _chat_ids(gguf_tokenizer)
-
-    reference = transformers.AutoModelForCausalLM.from_pretrained(
+    ids = _chat_ids(gguf_tokenizer)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
     ).eval()
     with torch.no_grad():
-        x = torch.tensor([ids])
-        expected = reference(x).logits
-        got = converted(x).logits
-    assert got.shape == (1, len(ids), converted.config.vocab_size)
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        logits = model(torch.tensor([ids])).logits
+    reference = {"chat_template": gguf_tokenizer.chat_template, "ids": ids, "logits": logits}
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_suffix(f".tmp-{os.getpid()}")
+    torch.save(reference, partial)
+    partial.replace(cached)  # whole or absent: never half a file
+    return reference
 
 
 def test_converted_tokenizer_and_generation_config(base_dir):
@@ -112,16 +132,18 @@ def test_converted_tokenizer_and_generation_config(base_dir):
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
     assert tokenizer.eos_token == "<|im_end|>"
-    assert tokenizer.pad_token_id is not None
+    # Padding is the end-of-turn token (as the GGUF declares), in all three places trainers and
+    # generation read it from.
+    assert tokenizer.pad_token_id == im_end
     prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
     assert prompt.endswith("<|im_start|>assistant\n")
 
     generation = transformers.GenerationConfig.from_pretrained(base_dir)
     eos = generation.eos_token_id
     assert im_end in (eos if isinstance(eos, list) else [eos])
-    assert generation.pad_token_id is not None
+    assert generation.pad_token_id == im_end
     config = transformers.AutoConfig.from_pretrained(base_dir)
-    assert config.eos_token_id == im_end
+    assert config.eos_token_id == config.pad_token_id == im_end
 
 
 def test_second_conversion_is_a_cache_hit(base_dir):

@@ -7,10 +7,18 @@ import pytest
 from envs import make_env
 from flywheel.chat import format_reply
 from flywheel.inference import Generation
-from flywheel.mcts import PathPair, SearchTree, TreeNode, divergence
+from flywheel.mcts import Critique, PathPair, SearchTree, TreeNode, divergence
 from flywheel.records import Message
 from flywheel.settings import AgentRConfig, load_config
-from tasks.critique import critique_pairs, first_error, parse_judgement
+from tasks.critique import (
+    ELIDED,
+    VERIFIER_SYSTEM,
+    critique_metrics,
+    critique_pairs,
+    first_error,
+    parse_judgement,
+    shorten_middle,
+)
 from tasks.select_paths import select_good, select_pairs
 from tasks.splice import build_training_data, splice_revision
 from training.datasets import sft_rows
@@ -132,7 +140,7 @@ def test_splice_keeps_the_bad_prefix_without_loss_and_trains_on_revision_and_goo
     ] + ["Observation: Inventory: a z"]
     # The loss flags survive into the SFT rows: only revision and good turns are learned.
     ids, mask = chat.encode(revised.training_messages)
-    (row,) = sft_rows([revised], chat, max_length=4096)
+    (row,), _ = sft_rows([revised], chat, max_length=4096)
     assert row["input_ids"] == ids and row["assistant_masks"] == mask
     learned = chat.tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
     assert "oops" in learned and "get 1 b" in learned and "craft 1 x" in learned
@@ -176,7 +184,6 @@ def test_critique_judges_from_the_divergence_in_lockstep_and_stops_at_the_first_
     assert to_7.judged_from == 0 and to_7.verdicts == ["good", "bad"] and to_7.first_error == 1
     # One call per step position for every pair still undecided: all five, then (7, 5) alone.
     assert backend.calls == [len(pairs), 1]
-    assert not any(c.oracle for c in critiques)
     data, counts = build_training_data(
         env, [tree], pairs, [{"task_id": "acacia_boat", "leaf": 4}], critiques,
         [Message(role="system", content="S")], "revision", include_good=True,
@@ -191,3 +198,153 @@ def test_textcraft_oracle_flags_wasted_steps():
     assert env.mistakes("acacia_boat", plan) == [False] * len(plan)
     flags = env.mistakes("acacia_boat", ["inventory", None, "get 2 cobblestone", plan[0]])
     assert flags == [True, True, True, False]
+
+
+def test_the_oracles_first_error_is_searched_from_the_divergence(tree, chat):
+    from flywheel.settings import CritiqueSettings
+
+    (pair,) = [p for p in select_pairs(tree, 0.5, 0.2, 10) if (p.good_leaf, p.bad_leaf) == (4, 5)]
+    asked = []
+
+    def oracle(task_id, actions):
+        asked.append((task_id, actions))
+        return [True, False, True]  # step 0 is on the shared (good) prefix: not this pair's error
+
+    backend = VerdictBackend(chat, bad_word="z")
+    (critique,) = critique_pairs(
+        [pair], {"acacia_boat": tree}, backend, chat, CritiqueSettings(), 4096, oracle, False
+    )
+    assert asked == [("acacia_boat", ["get 1 a", "get 1 z", "inventory"])]
+    assert critique.oracle and critique.oracle_first_error == 2
+    (none_found,) = critique_pairs(
+        [pair], {"acacia_boat": tree}, backend, chat, CritiqueSettings(), 4096,
+        lambda task_id, actions: [True, False, False], False,
+    )  # fmt: skip
+    assert none_found.oracle and none_found.oracle_first_error is None
+    # An environment without an oracle answers None: the critique says so.
+    (no_oracle,) = critique_pairs(
+        [pair], {"acacia_boat": tree}, backend, chat, CritiqueSettings(), 4096,
+        lambda task_id, actions: None, False,
+    )  # fmt: skip
+    assert not no_oracle.oracle and no_oracle.oracle_first_error is None
+
+
+def test_critique_metrics_on_hand_made_critiques():
+    def critique(verdicts, first, oracle_first=None, oracle=True):
+        return Critique(
+            task_id="t", pair=0, judged_from=0, verdicts=verdicts, responses=[""] * len(verdicts),
+            first_error=first, oracle_first_error=oracle_first, oracle=oracle,
+        )  # fmt: skip
+
+    critiques = [
+        critique(["good", "bad"], 1, oracle_first=1),  # agrees with the oracle
+        critique([None, "good"], None, oracle_first=0),  # misses the oracle's error
+        critique(["bad"], 0, oracle=False),  # no oracle
+        critique([], None, oracle_first=None),  # nothing judged: left out of the rates
+        critique(["good"], None, oracle_first=None),  # agrees: neither found an error
+        critique(["good", "bad"], 1, oracle=False),
+    ]
+    metrics = critique_metrics(critiques)
+    # 8 verdicts, 1 missing, 3 bad; 5 critiques judged something, 3 found an error; of the 3
+    # judged with an oracle, 2 agree with it and 2 have an oracle error.
+    assert metrics == {
+        "steps_judged": 8.0,
+        "verdict_missing_rate": 1 / 8,
+        "verdict_bad_rate": 3 / 8,
+        "first_error_found_rate": 3 / 5,
+        "first_error_oracle_agreement": 2 / 3,
+        "oracle_error_found_rate": 2 / 3,
+    }
+    without_oracle = critique_metrics([c for c in critiques if not c.oracle])
+    assert "first_error_oracle_agreement" not in without_oracle
+    assert critique_metrics([]) == {
+        "steps_judged": 0.0, "verdict_missing_rate": 0.0, "verdict_bad_rate": 0.0,
+        "first_error_found_rate": 0.0,
+    }  # fmt: skip
+
+
+class PromptRecorder:
+    def __init__(self):
+        self.prompts = []
+
+    def generate(self, prompts, sampling):
+        self.prompts += prompts
+        return [Generation("Judgement: Good", [1], "stop") for _ in prompts]
+
+
+def test_a_critique_prompt_too_long_keeps_the_instruction_and_the_question(tree, chat):
+    from flywheel.settings import CritiqueSettings
+
+    recipes = "\n".join(f"craft 1 thing{i} using 1 stuff{i}" for i in range(400))
+    long_tree = tree.model_copy(deep=True)
+    long_tree.nodes[0].observation = f"Crafting commands:\n{recipes}\n\nGoal: craft x."
+    long_tree.nodes[3].observation = "Got 1 z. " + "Nothing happens. " * 300
+    pair = PathPair(task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0,
+                    divergence=1)  # fmt: skip
+    backend = PromptRecorder()
+    settings = CritiqueSettings(max_tokens=16, history_steps=6)
+    critique_pairs([pair], {"acacia_boat": long_tree}, backend, chat, settings, 512,
+                   progress=False)  # fmt: skip
+    assert len(backend.prompts) == 2  # steps 1 and 2 of the bad path, both judged Good
+    for prompt in backend.prompts:
+        assert len(prompt) <= 512 - 16
+        text = chat.tokenizer.decode(prompt)
+        assert text.startswith(f"<|im_start|>system\n{VERIFIER_SYSTEM}<|im_end|>")
+        assert "Task:\nCrafting commands:\ncraft 1 thing0 using 1 stuff0" in text
+        assert "Goal: craft x.\n\n" in text  # the task's end survives the cut in its middle
+        assert text.endswith("'Judgement: Uncertain'.<|im_end|>\n<|im_start|>assistant\n")
+    first, second = (chat.tokenizer.decode(p) for p in backend.prompts)
+    assert "Step to judge:\nAction: get 1 z\nObservation: Got 1 z. Nothing" in first
+    assert "Step to judge:\nAction: inventory\nObservation: Inventory: a z" in second
+
+
+def test_a_critique_prompt_that_cannot_fit_is_refused_with_the_setting_to_change(tree, chat):
+    from flywheel.settings import CritiqueSettings
+
+    pair = PathPair(task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0,
+                    divergence=1)  # fmt: skip
+    with pytest.raises(ValueError, match="max_model_len"):
+        critique_pairs([pair], {"acacia_boat": tree}, PromptRecorder(), chat,
+                       CritiqueSettings(max_tokens=16), 96, progress=False)  # fmt: skip
+
+
+def test_shorten_middle_keeps_both_ends():
+    assert shorten_middle("abcdefghij", 4) == "ab" + ELIDED + "ij"
+    assert shorten_middle("abcdefghij", 5) == "ab" + ELIDED + "hij"
+    assert shorten_middle("abc", 3) == "abc"
+
+
+def test_the_revision_turn_sees_the_noop_answered_after_the_error_step(chat):
+    """root -> 1 get 1 acacia logs -> {2 get 2 cobblestone (the error) -> 3 inventory (fails),
+    4 get 1 acacia logs (solves)}. The no-op after the bad prefix must show what the error
+    step did (2 cobblestone), or the revision turn is taught against the wrong state."""
+    env = make_env("textcraft")
+    nodes = [
+        TreeNode(id=0, observation=env.start("acacia_boat").instruction),
+        step(1, 0, 1, "get 1 acacia logs", "Got 1 acacia logs"),
+        step(2, 1, 2, "get 2 cobblestone", "Got 2 cobblestone"),
+        step(3, 2, 3, "inventory", "Inventory: ...", finish="max_depth", score=0.0),
+        step(4, 1, 2, "get 1 acacia logs", "Got 1 acacia logs", finish="done", score=1.0),
+    ]
+    for n in nodes[1:]:
+        nodes[n.parent].children.append(n.id)
+    tree = SearchTree(task_id="acacia_boat", env="textcraft", nodes=nodes)
+    pair = PathPair(task_id="acacia_boat", good_leaf=4, bad_leaf=3, good_score=1, bad_score=0,
+                    divergence=1)  # fmt: skip
+    judged = Critique(task_id="acacia_boat", pair=0, judged_from=1, verdicts=["bad"],
+                      responses=[""], first_error=1)  # fmt: skip
+    prefix = [Message(role="system", content="S")]
+    (revision,), counts = build_training_data(
+        env, [tree], [pair], [], [judged], prefix, "revision", include_good=False
+    )
+    assert counts == {"revisions": 1, "good_paths": 0}
+    contents = [m.content for m in revision.continuation]
+    assert "get 2 cobblestone" in contents[2] and contents[4].endswith("Action: inventory")
+    assert contents[5] == "Observation: Inventory: [acacia logs] (1) [cobblestone] (2)"
+    # Direct-Revision keeps the whole bad path: the no-op comes after step 3 as well.
+    (direct,), _ = build_training_data(
+        env, [tree], [pair], [], [judged], prefix, "direct", include_good=False
+    )
+    assert [m.content for m in direct.continuation][7] == (
+        "Observation: Inventory: [acacia logs] (1) [cobblestone] (2)"
+    )

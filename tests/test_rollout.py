@@ -3,6 +3,8 @@ so the loop's rules can be checked exactly; real vLLM runs in test_eto_flow)."""
 
 from __future__ import annotations
 
+import pytest
+
 from envs import make_env
 from flywheel.chat import FORMAT_HINT, format_reply
 from flywheel.inference import Generation
@@ -71,3 +73,171 @@ def test_shards_are_balanced_non_empty_and_cover_every_sample():
     assert sorted(t for p in parts for t in p) == ["a", "a", "b", "b", "c", "c"]
     assert [len(p) for p in parts] == [3, 3]
     assert shard(["a"], shards=4, samples_per_task=1) == [["a"]]
+
+
+class CharacterBackend:
+    """Plays a fixed script, generating each reply one character per token: the same text as the
+    tokenizer's own ids would give, through different ids (as a sampling model may)."""
+
+    def __init__(self, tokenizer, replies: list[str]):
+        self.tokenizer, self.replies, self.prompts = tokenizer, list(replies), []
+
+    def ids(self, text: str) -> list[int]:
+        return [i for c in text for i in self.tokenizer(c, add_special_tokens=False)["input_ids"]]
+
+    def generate(self, prompts, sampling):
+        self.prompts += prompts
+        text = self.replies.pop(0)
+        return [Generation(text, self.ids(text) + [self.tokenizer.eos_token_id], "stop")]
+
+
+def test_replies_keep_the_ids_the_model_generated_not_the_retokenised_text(chat):
+    env = make_env("textcraft")
+    plan = [format_reply(t, a) for t, a in env.expert_plan("acacia_boat")]
+    backend = CharacterBackend(chat.tokenizer, plan)
+    canonical = chat.tokenizer(plan[0], add_special_tokens=False)["input_ids"]
+    assert chat.tokenizer.decode(backend.ids(plan[0])) == plan[0]
+    assert backend.ids(plan[0]) != canonical  # the test means something only if they differ
+    prefix = agent_prefix(env, [])
+    (trajectory,) = run_batched(
+        env, ["acacia_boat"], backend, chat, prefix, RolloutSettings(max_steps=6), progress=False
+    )
+    assert trajectory.success
+    replies = [m for m in trajectory.continuation if m.role == "assistant"]
+    assert [m.token_ids for m in replies] == [backend.ids(text) for text in plan]
+    # The next prompt carries the generated ids, and so does the training row.
+    first_turn = chat.header_ids + backend.ids(plan[0]) + chat.turn_end_ids
+    second_prompt = backend.prompts[1]
+    start = len(chat.encode(trajectory.messages[: trajectory.episode_start + 1])[0])
+    assert second_prompt[start : start + len(first_turn)] == first_turn
+    ids, _ = chat.encode(trajectory.training_messages)
+    last_turn = chat.header_ids + backend.ids(plan[-1]) + chat.turn_end_ids
+    assert ids[-len(last_turn) :] == last_turn
+
+
+def test_a_rollout_stage_publishes_its_averages(tmp_path, tiny_model_dir, chat, monkeypatch):
+    """Two episodes, one solved in its expert's steps and one never parsed, averaged by hand."""
+    import flywheel.rollout as rollout
+    from flywheel.inference import SamplingSettings
+    from flywheel.records import Trajectory
+    from flywheel.settings import EnvSettings, InferenceSettings
+    from flywheel.storage import ArtifactStore
+
+    env = make_env("textcraft")
+    solved, garbage = "acacia_boat", "birch_boat"
+    plan = env.expert_plan(solved)  # 4 steps
+    backend = ScriptedBackend(chat, {solved: [format_reply(t, a) for t, a in plan],
+                                     garbage: ["hello"] * 10})  # fmt: skip
+    monkeypatch.setattr(rollout, "open_backend", lambda *args: backend)
+    store = ArtifactStore(str(tmp_path / "store"))
+    manifest = rollout.rollout_to_store(
+        store, "evaluate", f"file://{tiny_model_dir}", EnvSettings(), [solved, garbage],
+        agent_prefix(env, []), InferenceSettings(), 6, SamplingSettings(), store.url("eval"),
+    )  # fmt: skip
+    assert manifest.counts == {
+        "episodes": 2, "successes": 1, "ended_done": 1, "ended_max_steps": 1, "retried": 0,
+        "recoveries": 0,
+    }  # fmt: skip
+    metrics = manifest.metrics
+    assert (metrics["success_rate"], metrics["average_reward"]) == (0.5, 0.5)
+    assert metrics["average_steps"] == (len(plan) + 6) / 2
+    stored = store.read_records(manifest.files["trajectories"], Trajectory)
+    generated = sum(len(m.token_ids) for t in stored for m in t.messages if m.token_ids)
+    # Every generated token is counted once (the end token is not stored): 4 + 6 replies.
+    assert generated == sum(
+        len(chat.tokenizer(r, add_special_tokens=False)["input_ids"])
+        for r in [format_reply(t, a) for t, a in plan] + ["hello"] * 6
+    )
+    assert metrics["generated_tokens_per_s"] * metrics["seconds"] == pytest.approx(generated)
+
+
+def test_the_expert_trajectory_is_the_plan_played_with_what_the_game_answered():
+    from flywheel.records import Message
+    from flywheel.rollout import expert_trajectory
+
+    env = make_env("textcraft")
+    prefix = [Message(role="system", content="S")]
+    trajectory = expert_trajectory(env, "acacia_boat", prefix)
+    plan = env.expert_plan("acacia_boat")
+    assert (trajectory.task_id, trajectory.env, trajectory.source) == (
+        "acacia_boat", "textcraft", "expert"
+    )  # fmt: skip
+    assert (trajectory.reward, trajectory.success, trajectory.n_steps) == (1.0, True, 4)
+    assert (trajectory.finish_reason, trajectory.episode_start) == ("done", 1)
+    assert trajectory.messages[1].content == env.start("acacia_boat").instruction
+    assert [(m.role, m.content, m.loss) for m in trajectory.continuation] == [
+        ("assistant", format_reply(*plan[0]), True),
+        ("user", "Observation: Got 2 acacia logs", False),
+        ("assistant", format_reply(*plan[1]), True),
+        ("user", "Observation: Crafted 4 acacia planks", False),
+        ("assistant", format_reply(*plan[2]), True),
+        ("user", "Observation: Crafted 4 acacia planks", False),
+        ("assistant", format_reply(*plan[3]), True),
+    ]
+
+
+def test_no_expert_or_a_plan_that_does_not_finish_gives_no_trajectory(monkeypatch):
+    from flywheel.records import Message
+    from flywheel.rollout import expert_trajectory
+
+    env = make_env("textcraft")
+    prefix = [Message(role="system", content="S")]
+    short = env.expert_plan("acacia_boat")[:3]  # stops before the final craft
+    monkeypatch.setattr(env, "expert_plan", lambda task_id: short)
+    assert expert_trajectory(env, "acacia_boat", prefix) is None
+    monkeypatch.setattr(env, "expert_plan", lambda task_id: None)
+    assert expert_trajectory(env, "acacia_boat", prefix) is None
+
+
+def test_few_shot_examples_are_the_first_short_train_tasks():
+    from flywheel.rollout import few_shot_examples
+
+    env = make_env("textcraft")
+    examples = few_shot_examples(env, 2, max_steps=4)
+    train = env.task_ids("train")
+    short = [t for t in train if len(env.expert_plan(t)) <= 4]
+    assert [e.task_id for e in examples] == short[:2]
+    # The tasks skipped before them need more than 4 steps.
+    skipped = train[: train.index(short[1])]
+    assert all(len(env.expert_plan(t)) > 4 for t in skipped if t not in short[:2])
+    assert all(e.success and e.messages[0].content == env.system_prompt for e in examples)
+    assert few_shot_examples(env, 0) == []
+
+
+def test_sequential_rollout_plays_one_request_at_a_time_to_the_same_episodes(chat):
+    from flywheel.rollout import run_sequential
+
+    env = make_env("textcraft")
+    solved, garbage = "acacia_boat", "birch_boat"
+
+    def scripts():
+        plan = [format_reply(t, a) for t, a in env.expert_plan(solved)]
+        return {solved: plan, garbage: ["hello"] * 10}
+
+    prefix, settings = agent_prefix(env, []), RolloutSettings(max_steps=6)
+    one_at_a_time = ScriptedBackend(chat, scripts())
+    sequential = run_sequential(env, [solved, garbage], one_at_a_time, chat, prefix, settings)
+    batched = run_batched(env, [solved, garbage], ScriptedBackend(chat, scripts()), chat, prefix,
+                          settings, progress=False)  # fmt: skip
+    assert sequential == batched
+    assert one_at_a_time.calls == [1] * (4 + 6)
+
+
+def test_open_backend_follows_the_inference_settings(monkeypatch):
+    import flywheel.rollout as rollout
+    from flywheel.inference import OpenAIBackend
+    from flywheel.settings import InferenceSettings
+
+    server = InferenceSettings(backend="openai", base_url="http://127.0.0.1:9/")
+    backend = rollout.open_backend(server, "/models/m", tokenizer="tok")
+    assert isinstance(backend, OpenAIBackend)
+    assert (backend.base_url, backend.model, backend.tokenizer) == (
+        "http://127.0.0.1:9",
+        "/models/m",
+        "tok",
+    )
+    engines = []
+    monkeypatch.setattr(rollout, "shared_vllm", lambda *args: engines.append(args) or "engine")
+    local = InferenceSettings(max_model_len=2048, kv_cache_gib=3, block_size=64)
+    assert rollout.open_backend(local, "/models/m", "tok") == "engine"
+    assert engines == [("/models/m", 2048, 3, 64)]

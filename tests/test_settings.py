@@ -1,13 +1,57 @@
+from pathlib import Path
+
 import pytest
 
 from flows.eto import main
+from flywheel.inference import SamplingSettings
 from flywheel.settings import AgentRConfig, ConfigError, ETOConfig, load_config
 
+ROOT = Path(__file__).resolve().parents[1]
 
-def test_defaults_are_etos():
+
+SMOLLM2_LAYERS = 30  # SmolLM2-135M, the model every shipped config trains
+
+
+@pytest.mark.parametrize(
+    "name, model",
+    [("eto_textcraft", ETOConfig), ("eto_scienceworld", ETOConfig),
+     ("agent_r_textcraft", AgentRConfig)],
+)  # fmt: skip
+def test_shipped_configs_validate_and_freeze_fewer_layers_than_the_model_has(name, model):
+    cfg = load_config(model, str(ROOT / "configs" / f"{name}.yaml"))
+    trainers = [cfg.sft, cfg.dpo] if model is ETOConfig else [cfg.sft, cfg.revision_sft]
+    assert all(0 < t.frozen_layers < SMOLLM2_LAYERS for t in trainers), name
+
+
+def test_etos_defaults_reach_the_trainer_and_the_explorer(monkeypatch):
+    """ETO explores each train task once, greedily, and runs DPO with beta 0.1 at lr 1e-6: what
+    the stages hand on, not what the settings classes say."""
+    import tasks.explore
+    from tasks.dpo import dpo_trl_args
+
     cfg = ETOConfig()
-    assert cfg.dpo.beta == 0.1 and cfg.dpo.learning_rate == 1e-6
-    assert cfg.explore.temperature == 0.0 and cfg.explore.samples_per_task == 1
+    args = dpo_trl_args(cfg.dpo, seed=3)
+    assert (args["beta"], args["learning_rate"]) == (0.1, 1e-6)
+    seen = {}
+    monkeypatch.setattr(tasks.explore, "rollout_to_store", lambda *a: seen.update(sampling=a[8]))
+    tasks.explore.explore_stage.fn(
+        "store", "model", cfg.env, ["t"], [], cfg.inference, cfg.explore, 5, 3, "out"
+    )
+    assert seen["sampling"] == SamplingSettings(temperature=0.0, max_tokens=96, seed=3)
+    assert tasks.explore.shard(["a", "b"], cfg.explore.shards, cfg.explore.samples_per_task) == [
+        ["a"], ["b"]
+    ]  # one exploration per task  # fmt: skip
+
+
+def test_agent_rs_defaults_reach_the_tree_search():
+    from tasks.mcts import search_limits
+
+    cfg = AgentRConfig()
+    limits = search_limits(cfg.mcts, cfg.inference, seed=4)
+    assert (limits.exploration_constant, limits.samples_per_node) == (0.25, 4)
+    assert (limits.iterations, limits.max_depth, limits.restore_state) == (8, 12, True)
+    assert limits.max_model_len == cfg.inference.max_model_len
+    assert limits.sampling == SamplingSettings(temperature=1.0, max_tokens=96, seed=4)
 
 
 def test_overrides_parse_values_into_nested_fields(tmp_path):
@@ -67,9 +111,9 @@ def test_agent_r_cli_checks_its_own_sections(tmp_path, capsys):
     assert code == 2 and "revision_sft.trl_args" in capsys.readouterr().err
     code = agent_r_main([f"storage_url={tmp_path}/runs", "paths.alpha=[0.5, 1.5]"])
     assert code == 2 and "paths.alpha" in capsys.readouterr().err
-    defaults = AgentRConfig()
-    assert defaults.mcts.exploration_constant == 0.25 and defaults.paths.beta == 0.2
-    assert [defaults.paths.alpha_for(r) for r in (1, 2, 3, 4)] == [0.5, 0.7, 1.0, 1.0]
+    # Round r pairs at alpha[r-1], the last value after the list ends.
+    paths = AgentRConfig(paths={"alpha": [0.5, 0.7, 1.0]}).paths
+    assert [paths.alpha_for(r) for r in (1, 2, 3, 4, 9)] == [0.5, 0.7, 1.0, 1.0, 1.0]
 
 
 def test_dpo_settings_change_by_round_as_etos_schedule_does():

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,9 +60,29 @@ def test_tags_resolve_to_members():
     assert re.fullmatch(r"craft 1 chest using 8 [a-z ]+ planks", plan[-1].action)
 
 
-def test_expert_is_deterministic():
-    instruction = TextCraftEnv().start("beehive").instruction
-    assert solve(instruction) == solve(instruction)
+_PLANS_SCRIPT = """
+import hashlib, json
+from envs.textcraft import TextCraftEnv, all_task_ids
+env = TextCraftEnv()
+plans = {t: env.expert_plan(t) for t in all_task_ids()}
+print(hashlib.sha256(json.dumps(plans).encode()).hexdigest())
+"""
+
+
+def test_expert_plans_are_the_same_under_every_hash_seed():
+    # Set and dict orders change with PYTHONHASHSEED: a plan built from one would differ
+    # between processes, and so would every cache keyed on expert data.
+    env = TextCraftEnv()
+    plans = {t: env.expert_plan(t) for t in all_task_ids()}
+    here = hashlib.sha256(json.dumps(plans).encode()).hexdigest()
+    root = Path(__file__).resolve().parents[1]
+    for seed in ("0", "4242"):
+        out = subprocess.run(
+            [sys.executable, "-c", _PLANS_SCRIPT], cwd=root, capture_output=True, text=True,
+            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)}, check=True,
+            timeout=120,
+        )  # fmt: skip
+        assert out.stdout.strip() == here, f"PYTHONHASHSEED={seed}"
 
 
 def test_unsolvable_instructions_raise_no_plan():

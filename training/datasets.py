@@ -2,45 +2,126 @@
 
 Rendering goes through `ChatTokenizer`, the same code that built the rollout prompts, so a
 generated turn is trained on exactly the ids that were generated.
+
+Rows longer than `max_length` keep what teaches: the prompt (system message and task) and the
+latest agent turns, the ending a trajectory is learned for (its successful final replies). The
+oldest whole turns (an agent reply with the observation that answered it) are dropped to make
+room, so a row never ends mid-turn and never loses its last reply to a cut. A row that does not
+fit even with its last turn alone, or that has no loss token left, is dropped; the counts say how
+many were shortened and dropped, and the trainers report them in the stage's metrics.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 from flywheel.chat import ChatTokenizer
-from flywheel.records import Pair, Trajectory
+from flywheel.records import Message, Pair, Trajectory
+
+SIDES = ("chosen", "rejected")
 
 
-def sft_rows(trajectories: list[Trajectory], chat: ChatTokenizer, max_length: int) -> list[dict]:
-    """`input_ids` + `assistant_masks` (1 = learn this token), truncated to `max_length`.
+@dataclass
+class RowCounts:
+    rows: int = 0  # rows kept
+    rows_shortened: int = 0  # kept without their oldest turns, to fit max_length
+    rows_dropped_too_long: int = 0  # the prompt and the last turn alone exceed max_length
+    rows_dropped_no_loss: int = 0  # nothing left to learn from
 
-    Rows whose loss tokens all fall beyond `max_length` are dropped: they would teach nothing.
+    def as_metrics(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def turns(messages: list[Message]) -> list[list[Message]]:
+    """Messages grouped into turns: each agent reply with the observation(s) that follow it.
+
+    Messages before the first agent reply form a turn of their own.
     """
-    rows = []
+    grouped: list[list[Message]] = []
+    for message in messages:
+        if message.role == "assistant" or not grouped:
+            grouped.append([message])
+        else:
+            grouped[-1].append(message)
+    return grouped
+
+
+def _encode(chat: ChatTokenizer, messages: list[Message]) -> tuple[list[int], list[int]]:
+    ids, mask = [], []
+    for message in messages:
+        chunk, chunk_mask = chat.message_ids(message)
+        ids += chunk
+        mask += chunk_mask
+    return ids, mask
+
+
+def latest_turns(
+    chat: ChatTokenizer, continuation: list[Message], room: int
+) -> tuple[list[int], list[int], int] | None:
+    """Ids and mask of the longest run of final turns of `continuation` within `room` tokens,
+    and how many turns were left out at its start; None when not even the last turn fits."""
+    encoded = [_encode(chat, turn) for turn in turns(continuation)]
+    ids: list[int] = []
+    mask: list[int] = []
+    kept = 0
+    for turn_ids, turn_mask in reversed(encoded):
+        if len(ids) + len(turn_ids) > room:
+            break
+        ids, mask = turn_ids + ids, turn_mask + mask
+        kept += 1
+    if kept == 0 and encoded:
+        return None
+    return ids, mask, len(encoded) - kept
+
+
+def sft_rows(
+    trajectories: list[Trajectory], chat: ChatTokenizer, max_length: int
+) -> tuple[list[dict], RowCounts]:
+    """`input_ids` + `assistant_masks` (1 = learn this token), each at most `max_length` long.
+
+    See the module docstring for what a long row keeps.
+    """
+    rows, counts = [], RowCounts()
     for trajectory in trajectories:
-        ids, mask = chat.encode(trajectory.training_messages)
-        ids, mask = ids[:max_length], mask[:max_length]
-        if any(mask):
-            rows.append({"input_ids": ids, "assistant_masks": mask})
-    return rows
+        prompt_ids, prompt_mask = chat.encode(trajectory.prompt)
+        fitted = latest_turns(chat, trajectory.continuation, max_length - len(prompt_ids))
+        if fitted is None:
+            counts.rows_dropped_too_long += 1
+            continue
+        ids, mask, left_out = fitted
+        if not any(mask):
+            counts.rows_dropped_no_loss += 1
+            continue
+        counts.rows_shortened += left_out > 0
+        counts.rows += 1
+        rows.append({"input_ids": prompt_ids + ids, "assistant_masks": prompt_mask + mask})
+    return rows, counts
 
 
-def dpo_rows(pairs: list[Pair], chat: ChatTokenizer, max_length: int) -> list[dict]:
+def dpo_rows(
+    pairs: list[Pair], chat: ChatTokenizer, max_length: int
+) -> tuple[list[dict], RowCounts]:
     """Prompt ids plus chosen/rejected continuation ids, each with its own loss mask.
 
-    Observations inside a continuation keep mask 0, as ETO's multi-turn DPO does.
+    Observations inside a continuation keep mask 0, as ETO's multi-turn DPO does. Each side
+    keeps its latest turns within `max_length` together with the prompt (see the module
+    docstring), so trl never has to cut a row, from either end.
     """
-    rows = []
+    rows, counts = [], RowCounts()
     for pair in pairs:
         prompt_ids, _ = chat.encode(pair.prompt)
-        if len(prompt_ids) >= max_length:
+        room = max_length - len(prompt_ids)
+        sides = {side: latest_turns(chat, getattr(pair, side), room) for side in SIDES}
+        if any(fitted is None for fitted in sides.values()):
+            counts.rows_dropped_too_long += 1
+            continue
+        if not all(any(mask) for _, mask, _ in sides.values()):
+            counts.rows_dropped_no_loss += 1
             continue
         row = {"prompt_ids": prompt_ids}
-        for side in ("chosen", "rejected"):
-            ids, mask = [], []
-            for message in getattr(pair, side):
-                chunk, chunk_mask = chat.message_ids(message)
-                ids += chunk
-                mask += chunk_mask
+        for side, (ids, mask, _) in sides.items():
             row[f"{side}_ids"], row[f"{side}_mask"] = ids, mask
+        counts.rows_shortened += any(left_out for _, _, left_out in sides.values())
+        counts.rows += 1
         rows.append(row)
-    return rows
+    return rows, counts

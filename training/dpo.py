@@ -32,12 +32,23 @@ from training.job import (
 
 @dataclass
 class MaskedPreferenceCollator(DataCollatorForPreference):
+    """trl's collator, with `completion_mask` set from the rows' own `chosen_mask` and
+    `rejected_mask` (1 = the agent's tokens), cut from the same end trl cuts the ids from.
+
+    Rows from `dpo_rows` already fit in `max_length`; the cut only matters for longer ones.
+    """
+
     def torch_call(self, examples: list[dict]) -> dict:
-        batch = super().torch_call(examples)
+        batch = super().torch_call(examples)  # raises on an unknown truncation_mode
         masks = [[0] * len(e["prompt_ids"]) + e["chosen_mask"] for e in examples]
         masks += [[0] * len(e["prompt_ids"]) + e["rejected_mask"] for e in examples]
-        if self.max_length is not None:  # same keep_start truncation as the parent's
-            masks = [m[: self.max_length] for m in masks]
+        if self.max_length is not None:  # the parent's cut: the first or the last max_length
+            kept = (
+                slice(-self.max_length, None)
+                if self.truncation_mode == "keep_end"
+                else slice(None, self.max_length)
+            )
+            masks = [m[kept] for m in masks]
         width = batch["completion_mask"].shape[1]
         padded = torch.zeros((len(masks), width), dtype=batch["completion_mask"].dtype)
         for row, mask in enumerate(masks):
@@ -64,9 +75,9 @@ def train(job: TrainingJob) -> dict:
     chat = ChatTokenizer(tokenizer)
     with open(job.data_file) as f:
         pairs = [Pair.model_validate_json(line) for line in f if line.strip()]
-    rows = dpo_rows(pairs, chat, job.max_length)
+    rows, counts = dpo_rows(pairs, chat, job.max_length)
     if not rows:
-        raise ValueError(f"{job.data_file}: no pair fits in max_length={job.max_length}")
+        raise ValueError(f"{job.data_file}: no pair fits in max_length={job.max_length} ({counts})")
     config = DPOConfig(max_length=job.max_length, **trainer_defaults(job))
     model = load_model(job)
     collator = MaskedPreferenceCollator(
@@ -81,7 +92,8 @@ def train(job: TrainingJob) -> dict:
         processing_class=tokenizer,
         data_collator=collator,
     )
-    return train_and_save(trainer, tokenizer, job, len(rows))
+    metrics = train_and_save(trainer, tokenizer, job, len(rows))
+    return {**metrics, **counts.as_metrics()} if metrics else metrics
 
 
 def main(argv: list[str] | None = None) -> None:

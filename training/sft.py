@@ -31,9 +31,12 @@ def train(job: TrainingJob) -> dict:
     chat = ChatTokenizer(tokenizer)
     with open(job.data_file) as f:
         trajectories = [Trajectory.model_validate_json(line) for line in f if line.strip()]
-    rows = sft_rows(trajectories, chat, job.max_length)
+    rows, counts = sft_rows(trajectories, chat, job.max_length)
     if not rows:
-        raise ValueError(f"{job.data_file}: no trajectory has tokens to learn from")
+        raise ValueError(
+            f"{job.data_file}: no trajectory has tokens to learn from within "
+            f"max_length={job.max_length} ({counts})"
+        )
     config = SFTConfig(max_length=job.max_length, **trainer_defaults(job))
     model = load_model(job)
     trainer = SFTTrainer(
@@ -42,7 +45,8 @@ def train(job: TrainingJob) -> dict:
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
     )
-    return train_and_save(trainer, tokenizer, job, len(rows))
+    metrics = train_and_save(trainer, tokenizer, job, len(rows))
+    return {**metrics, **counts.as_metrics()} if metrics else metrics
 
 
 def main(argv: list[str] | None = None) -> None:
