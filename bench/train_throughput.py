@@ -43,9 +43,9 @@ from rollout_throughput import ModelShape, matmul_flops, model_shape, resolve_mo
 # Variants: name -> (trainer, trl_args on top of the shipped settings).
 VARIANTS = {
     "sft": ("sft", {}),
-    "sft, 4 sequences a step, padding-free packing": (
+    "sft, rows packed to max_length (bfd, padding-free)": (
         "sft",
-        {"per_device_train_batch_size": 4, "padding_free": True, "gradient_accumulation_steps": 1},
+        {"packing": True, "packing_strategy": "bfd", "gradient_accumulation_steps": 1},
     ),
     "dpo": ("dpo", {}),
     "dpo, reference log-probs precomputed": ("dpo", {"precompute_ref_log_probs": True}),
@@ -236,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     label, model_dir = resolve_model(args)
     shape = model_shape(model_dir)
+    if args.frozen_layers > shape.layers:
+        sys.exit(f"--frozen-layers {args.frozen_layers}: {label} has {shape.layers} layers")
     cpus = len(os.sched_getaffinity(0))
     print(f"timing float32 matmuls on {cpus} threads ...", file=sys.stderr)
     bound = matmul_flops(cpus)
