@@ -170,14 +170,14 @@ def _trajectory(item: dict, env: str, prefix: list[Message]) -> Trajectory:
         return read_eto_sft([item], env, prefix)[0]
     # AgentTraj keeps ETO's turn layout and adds per-turn loss flags, dropped here: the project
     # trains on every assistant turn of an episode, as ETO's reader does.
-    turns = [{"from": t["from"], "value": t["value"]} for t in item["conversations"]]
+    turns = [{"from": t.get("from"), "value": t.get("value")} for t in item["conversations"]]
     return read_eto_sft([{"id": item["item_id"], "conversations": turns}], env, prefix)[0]
 
 
 def _task_id(item: dict, source: str, env: str, trajectory: Trajectory) -> str | None:
     """The task's id in `env`, or None when the item's id names none."""
     if "item_id" in item:
-        index = _file_id(item).rsplit("_", 1)[1]
+        index = _file_id(item).rpartition("_")[2]
         if env.startswith("agentgym-"):
             return index if index.isdigit() else None
         if source == "textcraft":  # AgentGym's numbering is not the project's: go by the goal
