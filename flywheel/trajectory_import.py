@@ -12,9 +12,11 @@ Two formats, told apart by their items:
   their first task turn names (AgentGym numbers its tasks differently).
 
 Both begin with an instruction part (the instructions, then the model's "OK"), replaced by this
-run's prefix so imported and explored trajectories share one prompt. What could not be used is
-dropped and counted by reason; WebShop and ALFWorld files are refused outright, as the project
-has no such environment yet.
+run's prefix so imported and explored trajectories share one prompt, and the turns after the task
+are rewritten in the project's layout ("Observation: ..", "Thought: ..\nAction: .."). Settings the
+file was recorded under that differ from the run's are noted (`recording_notes`). What could not
+be used is dropped and counted by reason; WebShop and ALFWorld files are refused outright, as the
+project has no such environment yet.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from flywheel.chat import format_observation, format_reply, parse_reply
 from flywheel.eto_format import read_eto_sft
 from flywheel.records import Message, Trajectory
 
@@ -73,6 +76,7 @@ TARGETS = {
     "textcraft": ("textcraft", "agentgym-textcraft"),
 }
 NO_SUCH_ENVIRONMENT = {"webshop": "WebShop", "alfworld": "ALFWorld"}
+OBSERVATION_PREFIX = format_observation("")
 TEXTCRAFT_GOAL = re.compile(r"Goal: craft (.+?)\.\s*$", re.MULTILINE)
 
 
@@ -86,8 +90,12 @@ class ImportCounts:
     dropped: Counter[str] = field(default_factory=Counter)
 
     def counts(self) -> dict[str, int]:
-        return {"imported_read": self.read, "imported_mapped": self.mapped,
-                "imported": self.imported, "imported_dropped": sum(self.dropped.values())}  # fmt: skip
+        return {
+            "imported_read": self.read,
+            "imported_mapped": self.mapped,
+            "imported": self.imported,
+            "imported_dropped": sum(self.dropped.values()),
+        }
 
     def notes(self) -> list[str]:
         return [f"dropped {n} imported item(s): {why}" for why, n in sorted(self.dropped.items())]
@@ -126,13 +134,19 @@ def recording_notes(items: list[dict], env: str, simplification: str) -> list[st
     eto_sciworld = env == "scienceworld" and any(
         "item_id" not in item and _source_env(item) == "sciworld" for item in items
     )
-    if eto_sciworld and simplification != ETO_SCIWORLD_SIMPLIFICATION:
-        return [
+    if not eto_sciworld:
+        return []
+    notes = [
+        "ETO's first turn is the task alone; this environment's is the task and what `look "
+        "around` shows, so the model sees a longer first turn than it trained on"
+    ]
+    if simplification != ETO_SCIWORLD_SIMPLIFICATION:
+        notes.append(
             f"ETO recorded ScienceWorld with simplification {ETO_SCIWORLD_SIMPLIFICATION!r} and "
             f"this run uses {simplification!r}: some imported actions are invalid here (set "
             f"env.scienceworld.simplification={ETO_SCIWORLD_SIMPLIFICATION})"
-        ]
-    return []
+        )
+    return notes
 
 
 def _source_env(item: dict) -> str | None:
@@ -166,12 +180,29 @@ def _file_id(item: dict) -> str:
 
 
 def _trajectory(item: dict, env: str, prefix: list[Message]) -> Trajectory:
-    if "item_id" not in item:
-        return read_eto_sft([item], env, prefix)[0]
-    # AgentTraj keeps ETO's turn layout and adds per-turn loss flags, dropped here: the project
-    # trains on every assistant turn of an episode, as ETO's reader does.
-    turns = [{"from": t.get("from"), "value": t.get("value")} for t in item["conversations"]]
-    return read_eto_sft([{"id": item["item_id"], "conversations": turns}], env, prefix)[0]
+    if "item_id" in item:
+        # AgentTraj keeps ETO's turn layout and adds per-turn loss flags, dropped here: the
+        # project trains on every assistant turn of an episode, as ETO's reader does.
+        turns = [{"from": t.get("from"), "value": t.get("value")} for t in item["conversations"]]
+        item = {"id": item["item_id"], "conversations": turns}
+    trajectory = read_eto_sft([item], env, prefix)[0]
+    start = trajectory.episode_start
+    episode = [_in_project_layout(m) for m in trajectory.messages[start + 1 :]]
+    return trajectory.model_copy(update={"messages": trajectory.messages[: start + 1] + episode})
+
+
+def _in_project_layout(message: Message) -> Message:
+    """A turn as the project's rollouts write it, so imported and explored trajectories train the
+    same text: AgentGym sends observations bare and replies as "Thought:\n..\n\nAction:\n..",
+    the project "Observation: .." and "Thought: ..\nAction: ..". The first (task) turn is as is."""
+    if message.role == "user":
+        if message.content.startswith(OBSERVATION_PREFIX):
+            return message
+        return message.model_copy(update={"content": format_observation(message.content)})
+    reply = parse_reply(message.content)
+    if reply.action is None:  # kept as recorded: the model learns what the file holds
+        return message
+    return message.model_copy(update={"content": format_reply(reply.thought, reply.action)})
 
 
 def _task_id(item: dict, source: str, env: str, trajectory: Trajectory) -> str | None:

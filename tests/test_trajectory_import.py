@@ -45,6 +45,8 @@ def test_eto_sciworld_ids_map_to_the_projects_family_names_and_drops_say_why():
     assert first.messages[0] == PREFIX[0] and first.episode_start == 1
     assert first.messages[1].content.startswith("Your task is to find a(n) plant")
     assert [m.loss for m in first.messages[1:]] == [False, True, False, True, False, True]
+    original = items[0]["conversations"][3:]  # ETO's turns are already in the project's layout
+    assert [m.content for m in first.messages[2:]] == [turn["value"] for turn in original]
 
 
 def test_every_eto_family_is_a_scienceworld_task_name():
@@ -68,6 +70,15 @@ def test_agenttraj_indices_are_agentgym_task_ids_and_other_envs_are_dropped():
         "recorded on sciworld, not for agentgym-textcraft": 1,
     }
     assert trajectories[0].n_steps == 3 and trajectories[0].messages[-1].loss
+
+
+def test_agentgym_turns_are_rewritten_in_the_projects_layout():
+    items = sample("agenttraj_mixed.json")
+    [trajectory], _ = import_trajectories(items, "agentgym-textcraft", PREFIX, ["12"])
+    task, reply, observation = trajectory.messages[1:4]
+    assert task.content.endswith("Goal: craft acacia boat.")  # the task turn stays as recorded
+    assert reply.content == "Thought: I need planks.\nAction: get 2 acacia log" and reply.loss
+    assert observation.content == "Observation: Got 2 acacia log" and not observation.loss
 
 
 def test_agenttraj_textcraft_maps_to_the_projects_textcraft_by_its_goal():
@@ -117,6 +128,7 @@ def test_expert_stage_counts_the_import_and_keys_its_cache_on_the_files_content(
     }  # fmt: skip
     assert "dropped 1 imported item(s): not among this run's train tasks" in manifest.notes
     assert any("simplification 'easy'" in note for note in manifest.notes)
+    assert any("what `look around` shows" in note for note in manifest.notes)
     assert [t.task_id for t in store.read_records(manifest.files["trajectories"], Trajectory)] == [
         "find-plant/3", "lifespan-longest-lived/7",
     ]  # fmt: skip
