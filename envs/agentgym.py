@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +59,17 @@ class LostEpisode(RuntimeError):
 # What Flywheel's server answers for an id it does not know (it restarted). Matched exactly:
 # a looser match would turn an environment's own errors into endless recoveries.
 UNKNOWN_ID = "unknown environment id"
+# What AgentGym's TextCraft and SciWorld servers answer (HTTP 200, `error` field) for an id they
+# do not know: the whole message, so "has been deleted" or "has finished" stay errors.
+AGENTGYM_UNKNOWN_ID = re.compile(r"The id -?\d+ is not valid\.")
+# AgentGym's TextCraft server builds its task text by iterating Python sets, so the text depends
+# on the server process's hash seed: servers with different seeds cannot take over each other's
+# episodes.
+HASH_SEED_HINT = (
+    "AgentGym's TextCraft server's text depends on its hash seed, so this server was likely "
+    "started with another PYTHONHASHSEED than the first: start every server with the same one "
+    "(e.g. `PYTHONHASHSEED=0 textcraft --port 36001`)"
+)
 # The bearer token Flywheel's servers require when started with one; the client sends it too.
 TOKEN_ENV = "FLYWHEEL_ENV_TOKEN"
 
@@ -205,8 +217,7 @@ class Server:
             message = str(answer["error"])
         else:
             message = _error_message(response)
-        # Flywheel's servers answer an unknown id with 404, AgentGym-style ones with 200.
-        if status in (200, 404) and message.startswith(UNKNOWN_ID):
+        if _is_unknown_id(status, message):
             raise LostEpisode(f"{where}: {message}")
         if status == 401:
             hint = "check" if os.environ.get(TOKEN_ENV) else "set"
@@ -293,7 +304,7 @@ class RemoteEpisode(Episode):
         remote = self._remote
         self._drop_remote()
         if remote is not None:
-            # AgentGym's TextCraft and SciWorld servers have no /close: nothing to do then.
+            # Best effort: the episode is over whether or not the server frees it now.
             with contextlib.suppress(AgentGymError, ServerUnavailable, LostEpisode):
                 remote.server.post("/close", {}, remote.env_id)
 
@@ -336,14 +347,21 @@ class RemoteEpisode(Episode):
     def _replay(self, server: Server, observation: str) -> None:
         """Bring a fresh server-side episode to where this one was, checking every answer."""
         if self.instruction and observation != self.instruction:
-            raise AgentGymError(f"{server.url}: task {self.task_id} starts differently on replay")
+            raise AgentGymError(
+                f"{server.url}: task {self.task_id} starts differently on replay"
+                + self._mismatch_hint()
+            )
         self.instruction = observation
         for action, seen in zip(self._actions, self._results, strict=True):
             if self._step_on_server(action) != seen:
                 raise AgentGymError(
                     f"{server.url}: replaying task {self.task_id} gave a different result for "
                     f"{action!r}; the environment is not deterministic, so the episode cannot move"
+                    + self._mismatch_hint()
                 )
+
+    def _mismatch_hint(self) -> str:
+        return f"; {HASH_SEED_HINT}" if self.pool.dialect.name == "textcraft" else ""
 
     def _step_on_server(self, action: str) -> StepResult:
         remote = self._remote
@@ -374,6 +392,13 @@ class RemoteEpisode(Episode):
         remote, self._remote = self._remote, None
         if remote is not None:
             self.pool.release(remote.server)
+
+
+def _is_unknown_id(status: int, message: str) -> bool:
+    """The server no longer knows the episode's id. Flywheel's servers answer 404, AgentGym's 200."""
+    if status == 200 and AGENTGYM_UNKNOWN_ID.fullmatch(message):
+        return True
+    return status in (200, 404) and message.startswith(UNKNOWN_ID)
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -97,7 +97,7 @@ class AgentRRun:
             store.root, cfg.model.base, model_stage_url(store, cfg.model.base)
         )
         expert = expert_data_stage(
-            store.root, cfg.env, self.train_ids, self.prefix, f"{self.run}/expert"
+            store.root, cfg.env, self.train_ids, self.prefix, f"{self.run}/expert", cfg.expert_file
         )
         return sft_stage(
             store.root, "expert", base.files["model"], expert.files["trajectories"], cfg.sft,

@@ -82,7 +82,7 @@ class ETORun:
             store.root, cfg.model.base, model_stage_url(store, cfg.model.base)
         )
         expert = expert_data_stage(
-            store.root, cfg.env, self.train_ids, self.prefix, f"{self.run}/expert"
+            store.root, cfg.env, self.train_ids, self.prefix, f"{self.run}/expert", cfg.expert_file
         )
         untrained = self.evaluate("untrained", base.files["model"], self.untrained_prefix)
         policy = sft_stage(

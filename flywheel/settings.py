@@ -342,6 +342,20 @@ class RecipeConfig(Strict):
     env: EnvSettings = Field(default_factory=EnvSettings)
     inference: InferenceSettings = Field(default_factory=InferenceSettings)
     sft: SFTSettings = Field(default_factory=SFTSettings)  # SFT on expert trajectories
+    # Expert trajectories to start from instead of the environment's expert: a published file in
+    # ETO's SFT or AgentGym's AgentTraj format (flywheel/trajectory_import.py). A plain path
+    # becomes a file:// URL, so the expert stage's cache keys on the file's content.
+    expert_file: str | None = None
+
+    @field_validator("expert_file")
+    @classmethod
+    def _expert_file_url(cls, value: str | None) -> str | None:
+        if value is None or "://" in value:
+            return value
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ValueError(f"{value!r} is not a file (ETO SFT or AgentGym AgentTraj JSON)")
+        return "file://" + str(path.resolve())
 
 
 class ETOConfig(RecipeConfig):

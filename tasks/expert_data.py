@@ -1,7 +1,9 @@
 """Stage: expert trajectories on the train tasks, in the agent's own chat format.
 
 They come from the environment's expert (TextCraft: a solver over the listed recipes) or from a
-file in ETO's published SFT format (`expert_file`), so users can bring ETO's data.
+published file in ETO's SFT or AgentGym's AgentTraj format (`expert_file`, a URL so the cache
+keys on its content); the manifest counts what the file held, what was imported, which ids were
+mapped and what was dropped and why (flywheel/trajectory_import.py).
 """
 
 from __future__ import annotations
@@ -9,11 +11,12 @@ from __future__ import annotations
 from tqdm import tqdm
 
 from envs import make_env
-from flywheel.eto_format import read_eto_sft, write_eto_sft
+from flywheel.eto_format import write_eto_sft
 from flywheel.records import Manifest, Message, Trajectory
 from flywheel.rollout import expert_trajectory
 from flywheel.settings import EnvSettings
 from flywheel.stage import stage_task, store_for
+from flywheel.trajectory_import import import_trajectories, recording_notes
 
 
 def collect_expert(
@@ -45,22 +48,27 @@ def expert_data_stage(
     }
     if (done := store.manifest(out_url, inputs)) is not None:
         return done
+    counts, notes = {}, []
     if expert_file:
-        trajectories = read_eto_sft(store.read_json(expert_file), env.name, prefix)
-        wanted = set(task_ids)
-        trajectories = [t for t in trajectories if t.task_id in wanted]
-        unsolved = sorted(wanted - {t.task_id for t in trajectories})
+        items = store.read_json(expert_file)
+        trajectories, imported = import_trajectories(items, env.name, prefix, task_ids)
+        unsolved = sorted(set(task_ids) - {t.task_id for t in trajectories})
+        counts = imported.counts()
+        notes = recording_notes(items, env.name, env.scienceworld.simplification)
+        notes += imported.notes()
     else:
         trajectories, unsolved = collect_expert(make_env(env), task_ids, prefix)
     url = store.write_records(f"{out_url}/expert.jsonl", trajectories)
     eto_url = store.write_json(f"{out_url}/eto_sft.json", write_eto_sft(trajectories))
+    if unsolved:
+        notes.append(f"no expert trajectory for: {', '.join(unsolved)}")
     return store.publish(
         Manifest(
             stage="expert-trajectories",
             url=out_url,
             files={"trajectories": url, "eto_sft": eto_url},
-            counts={"trajectories": len(trajectories), "unsolved": len(unsolved)},
-            notes=[f"no expert trajectory for: {', '.join(unsolved)}"] if unsolved else [],
+            counts={"trajectories": len(trajectories), "unsolved": len(unsolved), **counts},
+            notes=notes,
         ),
         inputs,
     )

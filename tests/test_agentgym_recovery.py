@@ -1,0 +1,126 @@
+"""Episode recovery against what AgentGym's own servers answer. Their packages cannot be installed
+here, so a small fake speaks their exact text: `{"error": "The id N is not valid."}` with HTTP 200
+for an id the server does not know (agentenv_textcraft/env_wrapper.py, agentenv_sciworld)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+
+import pytest
+
+from envs.agentgym import (
+    DIALECTS,
+    AgentGymError,
+    ClientSettings,
+    RemoteEpisode,
+    ServerPool,
+    ServerUnavailable,
+)
+
+FAST = ClientSettings(timeout_s=2.0, connect_timeout_s=0.5, retries=0, backoff_s=0.01)
+
+
+class AgentGymTextCraftFake:
+    """AgentGym's TextCraft server in miniature: ids it created, and its error texts. `restart()`
+    forgets every id, as a restarted server does; `goal` is its task text (hash-seed dependent
+    on the real server)."""
+
+    def __init__(self, goal: str = "Goal: craft x.", gone_text: str = "The id {id} is not valid."):
+        self.goal, self.gone_text = goal, gone_text
+        self.known: set[int] = set()
+        self.next_id = 0
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
+                answer = fake.answer(self.path, body)
+                data = json.dumps(answer).encode()
+                self.send_response(200)  # AgentGym answers its errors with HTTP 200 too
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def answer(self, path: str, body: dict) -> object:
+        if path == "/create":
+            env_id, self.next_id = self.next_id, self.next_id + 1
+            self.known.add(env_id)
+            return {"id": env_id, "observation": self.goal, "done": False, "reward": 0}
+        if body["id"] not in self.known:
+            return {"error": self.gone_text.format(id=body["id"])}
+        if path == "/reset":
+            return {"id": body["id"], "observation": self.goal, "done": False, "reward": 0}
+        if path == "/step":
+            return {"observation": f"did {body['action']}", "reward": 0, "done": False}
+        return True  # /close
+
+    def restart(self) -> None:
+        self.known.clear()
+
+    def close(self) -> None:
+        if self.httpd.socket.fileno() != -1:
+            self.httpd.shutdown()
+            self.httpd.server_close()  # refuse connections, as a dead server does
+
+
+@pytest.fixture
+def fakes():
+    made: list[AgentGymTextCraftFake] = []
+
+    def make(**kwargs) -> AgentGymTextCraftFake:
+        made.append(AgentGymTextCraftFake(**kwargs))
+        return made[-1]
+
+    yield make
+    for fake in made:
+        fake.close()
+
+
+def test_agentgym_unknown_id_text_counts_as_a_lost_episode_and_is_replayed(fakes):
+    server = fakes()
+    episode = RemoteEpisode(ServerPool([server.url], DIALECTS["textcraft"], FAST), "t", 0)
+    episode.step("inventory")
+    server.restart()
+    server.next_id = 7  # the fresh process hands out other ids
+    assert episode.step("get 1 y").observation == "did get 1 y"
+    assert episode.recoveries == 1 and episode.env_id == 7
+
+
+@pytest.mark.parametrize(
+    "gone_text",
+    [
+        "The task with environment {id} has been deleted.",  # a real error, not a restart
+        "The id {id} is not valid. Try again",
+        "the id {id} is not valid.",
+    ],
+)
+def test_other_error_texts_stay_errors_and_do_not_loop(fakes, gone_text):
+    server = fakes(gone_text=gone_text)
+    episode = RemoteEpisode(ServerPool([server.url], DIALECTS["textcraft"], FAST), "t", 0)
+    server.restart()
+    with pytest.raises(AgentGymError, match="answered an error: ") as error:
+        episode.step("inventory")
+    assert episode.recoveries == 0
+    assert not isinstance(error.value, ServerUnavailable)
+
+
+def test_a_replay_onto_a_server_with_another_hash_seed_says_how_to_pin_it(fakes):
+    first, second = fakes(goal="Crafting commands: a, b"), fakes(goal="Crafting commands: b, a")
+    pool = ServerPool([first.url, second.url], DIALECTS["textcraft"], FAST)
+    episode = RemoteEpisode(pool, "t", 0)
+    assert episode.server.url == first.url
+    episode.step("inventory")
+    first.close()  # gone: the episode moves to the second server, whose text differs
+    with pytest.raises(AgentGymError, match="starts differently on replay") as error:
+        episode.step("get 1 y")
+    assert "PYTHONHASHSEED" in str(error.value) and second.url in str(error.value)
