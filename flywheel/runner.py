@@ -83,11 +83,12 @@ def check_task_lists(cfg) -> None:
         raise ConfigError(f"env: {error}") from None
     train = task_list(env, "train", cfg.env, cfg.seed)
     task_list(env, "test", cfg.env, cfg.seed)
-    if env.expert_plan(train[0]) is None:
+    if cfg.expert_file is None and env.expert_plan(train[0]) is None:
         raise ConfigError(
             f"env.name={cfg.env.name!r} has no expert trajectories, and the recipes start from "
-            "SFT on them: use a Flywheel environment (textcraft, scienceworld), with env.servers "
-            "to run its episodes on environment servers"
+            "SFT on them: set expert_file (ETO's SFT or AgentGym's AgentTraj format), or use a "
+            "Flywheel environment (textcraft, scienceworld), with env.servers to run its episodes "
+            "on environment servers"
         )
 
 

@@ -8,6 +8,7 @@ import http.server
 import json
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -348,6 +349,9 @@ def test_a_run_on_an_agentgym_server_without_expert_is_refused_before_work(serve
     }
     with pytest.raises(ConfigError, match="has no expert trajectories"):
         preflight(validate_config(ETOConfig, config))
+    # Imported trajectories are an expert too.
+    imported = Path(__file__).parent / "samples" / "agenttraj_mixed.json"
+    preflight(validate_config(ETOConfig, {**config, "expert_file": str(imported)}))
 
 
 def test_batched_steps_answer_each_entry_and_recover_after_a_restart(textcraft):
