@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-scienceworld test test-fast mutation lint bench bench-mcts bench-env services deploy worker
+.PHONY: install demo demo-agent-r demo-scienceworld test test-fast mutation lint bench bench-mcts bench-env bench-train services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -46,6 +46,9 @@ bench-mcts: install
 
 bench-env: install
 	$(PY) bench/env_protocol.py
+
+bench-train: install
+	$(PY) bench/train_throughput.py --tasks 16 --pairs 8 --out bench/results-train-throughput.md
 
 demo-scienceworld: install
 	$(PY) -m flows.eto --config configs/eto_scienceworld.yaml

@@ -189,6 +189,7 @@ def test_stage_caches_are_checksummed_manifests_on_s3_and_nothing_is_pickled(run
     store = ArtifactStore("s3://flywheel/runs")
     sft = store.read_manifest(store.url("eto-tiny/sft"))
     assert "model/config.json" in sft.checksums and sft.inputs_digest and sft.code_version
+    assert "model/training_args.bin" not in sft.checksums  # the Trainer's pickle stays out
     assert not store.list_files(store.url(".prefect-results"))
     assert not [u for u in store.list_files(store.root) if "prefect" in u]
     client = MlflowClient(runs["config"]["mlflow_tracking_uri"])

@@ -97,6 +97,9 @@ def train_and_save(trainer, tokenizer, job: TrainingJob, rows: int) -> dict:
     if not trainer.is_world_process_zero():
         return {}
     tokenizer.save_pretrained(job.output_dir)
+    # The Trainer pickles its arguments next to the weights: no pickle goes into the store, and
+    # their scratch paths would make two identical models differ in content.
+    (Path(job.output_dir) / "training_args.bin").unlink(missing_ok=True)
     return {
         "train_loss": result.training_loss,
         "rows": rows,
