@@ -68,7 +68,7 @@ def test_stage_settings_reach_trls_arguments():
     dpo = DPOSettings(beta=0.3, learning_rate=2e-6, epochs=1, batch_size=6, num_processes=3)
     assert dpo_trl_args(dpo, seed=1) == {
         "beta": 0.3, "learning_rate": 2e-6, "num_train_epochs": 1,
-        "gradient_accumulation_steps": 2, "seed": 1,
+        "gradient_accumulation_steps": 2, "seed": 1, "precompute_ref_log_probs": True,
     }  # fmt: skip
 
 
