@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_length": args.max_length, "matmul_flops": bound, "matmul_size": 1024,
         "threads": cpus, "cpus": cpus, "load": load, "torch": torch.__version__,
         "trl": trl.__version__, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python bench/train_throughput.py " + " ".join(argv or sys.argv[1:]),
+        "command": shlex.join(["python", "bench/train_throughput.py", *(argv or sys.argv[1:])]),
     }  # fmt: skip
     table = report(results, info)
     print(table)
