@@ -16,8 +16,8 @@ def dpo_trl_args(settings: DPOSettings, seed: int) -> dict:
         "gradient_accumulation_steps": settings.accumulation_steps,
         "seed": seed,
         # The reference model's log-probabilities, once per round before the first step instead
-        # of a reference forward every step: same losses, 1.41x the trained tokens/s on 2 cores
-        # (bench/results-train-throughput.md).
+        # of a reference forward every step: same losses, 1.2-1.4x the trained tokens/s on 2
+        # cores (bench/results-train-throughput.md).
         "precompute_ref_log_probs": True,
         **settings.trl_args,
     }
