@@ -248,12 +248,12 @@ class ArtifactStore:
             if u.rsplit("/", 1)[-1] not in BOOKKEEPING
         }
 
-    def hash_file(self, url: str) -> FileDigest:
-        """Size and sha256 of a file; a remote one is copied here on the way (`_blob`), so the
-        stage that reads it next finds it."""
+    def hash_file(self, url: str, expected: FileDigest | None = None) -> FileDigest:
+        """Size and sha256 of a file; a remote one is copied here on the way (`_blob`, which
+        trusts a copy already here for `expected`), so the stage that reads it next finds it."""
         if url.startswith("file://"):
             return hash_local_file(self._path(url))
-        return self._blob(url)[1]
+        return self._blob(url, expected)[1]
 
     def check_files(self, manifest: Manifest, under: str | None = None) -> list[str]:
         """What no longer matches the manifest: files missing, resized or changed (only those
@@ -264,7 +264,7 @@ class ArtifactStore:
             if under and not (url == under or url.startswith(under + "/")):
                 continue
             try:
-                found = self._current_digest(url, expected)
+                found = self.hash_file(url, expected)
             except FileNotFoundError:
                 problems.append(f"{url} is missing")
                 continue
@@ -275,11 +275,6 @@ class ArtifactStore:
                     f"{url} has changed (sha256 {found.sha256[:12]}, manifest {expected.sha256[:12]})"
                 )
         return problems
-
-    def _current_digest(self, url: str, expected: FileDigest) -> FileDigest:
-        if url.startswith("file://"):
-            return hash_local_file(self._path(url))
-        return self._blob(url, expected)[1]
 
     def covering_manifest(self, url: str) -> Manifest | None:
         """The manifest of the stage whose folder holds `url` (None for unmanaged URLs)."""
@@ -310,18 +305,20 @@ class ArtifactStore:
             return "absent"
         return digest_of_entries({u[len(url) :]: self.hash_file(u).sha256 for u in files})
 
-    def verified(self, url: str) -> None:
-        """Raise `CorruptArtifact` when `url` does not match the manifest of the stage that wrote
-        it; that manifest is removed, so the next run redoes the stage."""
+    def verified(self, url: str) -> Manifest | None:
+        """The manifest of the stage that wrote `url` (None for unmanaged URLs). Raises
+        `CorruptArtifact` when `url` does not match it; that manifest is removed, so the next run
+        redoes the stage."""
         owner = self.covering_manifest(url)
         if owner is None:
-            return
+            return None
         if problems := self.check_files(owner, under=url):
             self.remove(f"{owner.url}/{MANIFEST}")
             raise CorruptArtifact(
                 f"{'; '.join(problems)}: written by stage {owner.stage!r} ({owner.url}), whose "
                 "manifest is now removed; run again to redo that stage"
             )
+        return owner
 
     # Local copies ------------------------------------------------------------------------
 
@@ -342,10 +339,9 @@ class ArtifactStore:
     def local_dir(self, url: str) -> Path:
         """A local folder holding `url`'s files, checked against their manifest: the folder
         itself on file://, else a copy keyed on the files' content."""
-        self.verified(url)
+        owner = self.verified(url)
         if url.startswith("file://"):
             return Path(self._path(url))
-        owner = self.covering_manifest(url)
         expected = owner.checksums if owner else {}
         blobs = {}
         for u in self.list_files(url):
@@ -364,10 +360,9 @@ class ArtifactStore:
     def local_file(self, url: str) -> Path:
         """A local path holding `url`, checked against its manifest (a content-keyed copy for
         remote stores)."""
-        self.verified(url)
+        owner = self.verified(url)
         if url.startswith("file://"):
             return Path(self._path(url))
-        owner = self.covering_manifest(url)
         expected = owner.checksums.get(owner.relative(url)) if owner else None
         return self._blob(url, expected)[0]
 
