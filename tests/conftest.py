@@ -51,6 +51,23 @@ def chat(base_model_dir):
     return ChatTokenizer(AutoTokenizer.from_pretrained(base_model_dir))
 
 
+@pytest.fixture(scope="module")
+def textcraft():
+    from envs import make_env
+
+    return make_env("textcraft")
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A Flywheel TextCraft environment server on loopback (its own process), one per module."""
+    from envs.serve import LocalServer
+
+    server = LocalServer("--env", "textcraft")
+    yield server
+    server.kill()
+
+
 def flow_run_ids(client, flow_run_id) -> list:
     """A flow run and its subflow runs (a recipe's stages run in a subflow)."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId

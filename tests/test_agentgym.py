@@ -39,18 +39,6 @@ from flywheel.settings import ConfigError, EnvSettings
 FAST = ClientSettings(timeout_s=2.0, connect_timeout_s=0.5, retries=1, backoff_s=0.05)
 
 
-@pytest.fixture(scope="module")
-def textcraft():
-    return make_env("textcraft")
-
-
-@pytest.fixture(scope="module")
-def server():
-    server = LocalServer("--env", "textcraft")
-    yield server
-    server.kill()
-
-
 def play_expert(env, task_id):
     episode = env.start(task_id)
     seen = [episode.instruction]

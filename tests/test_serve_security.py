@@ -20,18 +20,6 @@ from flywheel.settings import EnvSettings
 TOKEN = "correct horse battery staple"
 
 
-@pytest.fixture(scope="module")
-def textcraft():
-    return make_env("textcraft")
-
-
-@pytest.fixture(scope="module")
-def server():
-    server = LocalServer("--env", "textcraft")
-    yield server
-    server.kill()
-
-
 @pytest.fixture()
 def http(server):
     with httpx.Client(base_url=server.url) as client:
