@@ -36,6 +36,12 @@ def test_mix_keeps_every_revision_and_adds_distinct_general_examples_first():
     drawn = [t.task_id for t in mixed if t.env == "general"]
     assert len(drawn) == 5 and set(drawn) == {"general-1", "general-2", "general-3"}
     assert mix(revisions, general, 0.25, seed=0) == mixed  # seeded
+    # As many wanted as there are: each example exactly once (no draw with replacement).
+    ten = read_general('{"instruction": "a", "response": "b"}\n' * 10, "g.jsonl")
+    once_each = mix([revision(i) for i in range(40)], ten, 0.2, seed=0)
+    assert sorted(t.task_id for t in once_each if t.env == "general") == sorted(
+        t.task_id for t in ten
+    )
     assert sorted(t.task_id for t in mix(revisions, [], 0.25, seed=0)) == sorted(
         t.task_id for t in revisions
     )  # no general data: nothing added
