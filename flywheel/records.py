@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 Role = Literal["system", "user", "assistant"]
 
@@ -161,5 +161,17 @@ class Campaign(BaseModel):
 
     name: str
     recipe: str
-    expert: str = ""  # expert trajectories URL, fixed by round 0
+    # URLs that round 0 fixed for later rounds (ETO: "expert", the expert trajectories).
+    carry: dict[str, str] = Field(default_factory=dict)
     rounds: list[CampaignRound] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expert_is_carried(cls, data):
+        """A campaign stored before `carry` kept ETO's expert trajectories as `expert`."""
+        if isinstance(data, dict) and "expert" in data:
+            data = dict(data)
+            expert = data.pop("expert")
+            if expert:
+                data["carry"] = {"expert": expert, **data.get("carry", {})}
+        return data

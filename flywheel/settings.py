@@ -335,7 +335,7 @@ class RecipeConfig(Strict):
     task_runner_address: str | None = None
     rounds: int = Field(default=2, ge=0)
     seed: int = 0
-    # Take the run's lock (flywheel/run_lock.py) even from a holder that looks alive: for a run
+    # Take the run's lock (ops/run_lock.py) even from a holder that looks alive: for a run
     # whose process is gone but whose lock has not gone stale yet (`--break-lock`).
     break_lock: bool = False
     model: ModelSettings = Field(default_factory=ModelSettings)
@@ -343,7 +343,7 @@ class RecipeConfig(Strict):
     inference: InferenceSettings = Field(default_factory=InferenceSettings)
     sft: SFTSettings = Field(default_factory=SFTSettings)  # SFT on expert trajectories
     # Expert trajectories to start from instead of the environment's expert: a published file in
-    # ETO's SFT or AgentGym's AgentTraj format (flywheel/trajectory_import.py). A plain path
+    # ETO's SFT or AgentGym's AgentTraj format (agents/trajectory_import.py). A plain path
     # becomes a file:// URL, so the expert stage's cache keys on the file's content.
     expert_file: str | None = None
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 import random
 from typing import Literal
 
+from pydantic import BaseModel
+
+from agents.mcts import Critique, PathPair, SearchTree, step_messages
 from flywheel.chat import format_observation, format_reply
-from flywheel.mcts import Critique, PathPair, SearchTree, step_messages
-from flywheel.records import Manifest, Message, Trajectory
+from flywheel.records import Message, Trajectory
 from flywheel.settings import EnvSettings
-from flywheel.stage import stage_task, store_for
+from flywheel.stage import StageResult, StageRun, stage
 
 Mode = Literal["revision", "direct", "good"]
 
@@ -120,43 +122,32 @@ def build_training_data(
     return revisions + good_paths, counts
 
 
-@stage_task("splice")
-def splice_stage(
-    store_url: str,
-    env: EnvSettings,
-    trees_url: str,
-    paths: Manifest,
-    critiques_url: str | None,
-    prefix: list[Message],
-    mode: Mode,
-    include_good: bool,
-    seed: int,
-    out_url: str,
-) -> Manifest:
-    store = store_for(store_url)
-    inputs = {
-        "env": env.identity(), "trees": trees_url, "paths": paths.files,
-        "critiques": critiques_url, "prefix": prefix, "mode": mode,
-        "include_good": include_good, "seed": seed,
-    }  # fmt: skip
-    if (done := store.manifest(out_url, inputs)) is not None:
-        return done
+class SpliceInputs(BaseModel):
+    env: EnvSettings
+    trees_url: str
+    pairs_url: str
+    good_url: str
+    critiques_url: str | None  # None: the baselines, which use no critique
+    prefix: list[Message]
+    mode: Mode
+    include_good: bool
+    seed: int
+
+
+@stage("splice")
+def splice_stage(inputs: SpliceInputs, run: StageRun) -> StageResult:
     from envs import make_env
 
-    trees = store.read_records(trees_url, SearchTree)
-    pairs = store.read_records(paths.files["pairs"], PathPair)
-    good = store.read_json(paths.files["good"])
-    critiques = store.read_records(critiques_url, Critique) if critiques_url else []
+    store = run.store
+    trees = store.read_records(inputs.trees_url, SearchTree)
+    pairs = store.read_records(inputs.pairs_url, PathPair)
+    good = store.read_json(inputs.good_url)
+    critiques = store.read_records(inputs.critiques_url, Critique) if inputs.critiques_url else []
     data, counts = build_training_data(
-        make_env(env), trees, pairs, good, critiques, prefix, mode, include_good, seed
-    )
-    url = store.write_records(f"{out_url}/trajectories.jsonl", data)
-    return store.publish(
-        Manifest(
-            stage=f"splice-{mode}",
-            url=out_url,
-            files={"trajectories": url},
-            counts={"trajectories": len(data), **counts},
-        ),
-        inputs,
+        make_env(inputs.env), trees, pairs, good, critiques, inputs.prefix, inputs.mode,
+        inputs.include_good, inputs.seed,
+    )  # fmt: skip
+    return StageResult(
+        files={"trajectories": store.write_records(run.file("trajectories.jsonl"), data)},
+        counts={"trajectories": len(data), **counts},
     )

@@ -11,10 +11,10 @@ import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 
-from flywheel.campaign import load_campaign, new_round, run_campaign, slot_name
 from flywheel.records import Campaign
 from flywheel.settings import ETOConfig
 from flywheel.storage import ArtifactStore
+from ops.campaign import load_campaign, new_round, run_campaign, slot_name
 
 spans: list[tuple[int, float, float]] = []
 

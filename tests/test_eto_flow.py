@@ -24,8 +24,8 @@ from prefect.client.orchestration import get_client
 
 from flows.eto import eto
 from flywheel.inference import release_vllm
-from flywheel.services import free_port, start_mlflow_server, start_s3
 from flywheel.storage import ArtifactStore, cache_root
+from ops.services import free_port, start_mlflow_server, start_s3
 
 pytestmark = pytest.mark.slow
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from agents.mcts import Critique, PathPair, SearchTree, TreeNode, divergence
 from envs import make_env
 from flywheel.chat import format_reply
 from flywheel.inference import Generation
-from flywheel.mcts import Critique, PathPair, SearchTree, TreeNode, divergence
 from flywheel.records import Message
 from flywheel.settings import AgentRConfig, load_config
 from tasks.critique import (

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from agents.rollout import RolloutSettings, agent_prefix, run_batched
 from envs import make_env
 from flywheel.chat import FORMAT_HINT, format_reply
 from flywheel.inference import Generation
-from flywheel.rollout import RolloutSettings, agent_prefix, run_batched
 
 
 class ScriptedBackend:
@@ -56,7 +56,7 @@ def test_batched_rollout_steps_all_live_episodes_together(chat):
 
 
 def test_curriculum_filter_keeps_tasks_within_the_expert_step_limit():
-    from flywheel.rollout import within_expert_steps
+    from agents.rollout import within_expert_steps
 
     env = make_env("textcraft")
     train = env.task_ids("train")
@@ -117,7 +117,7 @@ def test_replies_keep_the_ids_the_model_generated_not_the_retokenised_text(chat)
 
 def test_a_rollout_stage_publishes_its_averages(tmp_path, tiny_model_dir, chat, monkeypatch):
     """Two episodes, one solved in its expert's steps and one never parsed, averaged by hand."""
-    import flywheel.rollout as rollout
+    import agents.rollout as rollout
     from flywheel.inference import SamplingSettings
     from flywheel.records import Trajectory
     from flywheel.settings import EnvSettings, InferenceSettings
@@ -152,8 +152,8 @@ def test_a_rollout_stage_publishes_its_averages(tmp_path, tiny_model_dir, chat, 
 
 
 def test_the_expert_trajectory_is_the_plan_played_with_what_the_game_answered():
+    from agents.rollout import expert_trajectory
     from flywheel.records import Message
-    from flywheel.rollout import expert_trajectory
 
     env = make_env("textcraft")
     prefix = [Message(role="system", content="S")]
@@ -177,8 +177,8 @@ def test_the_expert_trajectory_is_the_plan_played_with_what_the_game_answered():
 
 
 def test_no_expert_or_a_plan_that_does_not_finish_gives_no_trajectory(monkeypatch):
+    from agents.rollout import expert_trajectory
     from flywheel.records import Message
-    from flywheel.rollout import expert_trajectory
 
     env = make_env("textcraft")
     prefix = [Message(role="system", content="S")]
@@ -190,7 +190,7 @@ def test_no_expert_or_a_plan_that_does_not_finish_gives_no_trajectory(monkeypatc
 
 
 def test_few_shot_examples_are_the_first_short_train_tasks():
-    from flywheel.rollout import few_shot_examples
+    from agents.rollout import few_shot_examples
 
     env = make_env("textcraft")
     examples = few_shot_examples(env, 2, max_steps=4)
@@ -205,7 +205,7 @@ def test_few_shot_examples_are_the_first_short_train_tasks():
 
 
 def test_sequential_rollout_plays_one_request_at_a_time_to_the_same_episodes(chat):
-    from flywheel.rollout import run_sequential
+    from agents.rollout import run_sequential
 
     env = make_env("textcraft")
     solved, garbage = "acacia_boat", "birch_boat"
@@ -224,7 +224,7 @@ def test_sequential_rollout_plays_one_request_at_a_time_to_the_same_episodes(cha
 
 
 def test_open_backend_follows_the_inference_settings(monkeypatch):
-    import flywheel.rollout as rollout
+    import agents.rollout as rollout
     from flywheel.inference import OpenAIBackend
     from flywheel.settings import InferenceSettings
 

@@ -30,7 +30,7 @@ def s3_store(tmp_path, monkeypatch):
     """A real S3 endpoint on loopback (moto's server) and a bucket in it."""
     import s3fs
 
-    from flywheel.services import free_port, start_s3
+    from ops.services import free_port, start_s3
 
     for key, value in {
         "AWS_ACCESS_KEY_ID": "test",
