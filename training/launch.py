@@ -15,18 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-ACCELERATE_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
-
-
-def accelerate_config_file(name: str) -> str:
-    """A shipped config by name (ddp, zero2, zero3), or a path to one's own."""
-    shipped = ACCELERATE_CONFIGS / f"{name}.yaml"
-    if shipped.is_file():
-        return str(shipped)
-    if Path(name).is_file():
-        return str(Path(name).resolve())
-    names = ", ".join(sorted(p.stem for p in ACCELERATE_CONFIGS.glob("*.yaml")))
-    raise ValueError(f"accelerate_config {name!r} is neither a shipped config ({names}) nor a file")
+from flywheel.settings import accelerate_config_file
 
 
 def command(
