@@ -146,7 +146,6 @@ def stage(name: str):
     with the body."""
 
     def decorate(body: Callable[[BaseModel, StageRun], StageResult]):
-        @functools.wraps(body)
         def run_stage(inputs: BaseModel, out: StageOutput) -> Manifest:
             store = ArtifactStore(out.store_url)
             keyed = cache_inputs(name, inputs)
@@ -168,6 +167,10 @@ def stage(name: str):
                 log_child_run(tracker, run_id, published)
             return published
 
+        # The body's name and docstring, but this signature: Prefect names the parameters
+        # (inputs, out) from it, and the failure record reads `out` (no `__wrapped__`).
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(run_stage, attribute, getattr(body, attribute))
         task = stage_task(name)(run_stage)
         task.body = body
         return task

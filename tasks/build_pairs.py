@@ -78,9 +78,11 @@ def build_pairs(
 
 
 class BuildPairsInputs(BaseModel):
+    """Every exploration shard's trajectories against the expert's on the same task."""
+
     explored_urls: list[str]
     expert_url: str
-    extra_turns: int
+    extra_turns: int  # a losing exploration is cut to the expert's length plus this many turns
 
 
 @stage("build-pairs")

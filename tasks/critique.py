@@ -201,8 +201,10 @@ def _share(items: list, predicate) -> float:
 
 
 class CritiqueInputs(BaseModel):
-    model_url: str
-    env: EnvSettings
+    """The actor model judges the bad path of each pair (select-paths) in its tree (mcts)."""
+
+    model_url: str  # the judge: the policy that searched the trees
+    env: EnvSettings  # its oracle, where it has one, scores the judge
     trees_url: str
     pairs_url: str
     inference: InferenceSettings

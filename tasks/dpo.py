@@ -25,9 +25,11 @@ def dpo_trl_args(settings: DPOSettings, seed: int) -> dict:
 
 
 class DPOInputs(BaseModel):
+    """The policy to improve (also DPO's reference model) and its preference pairs."""
+
     model_url: str
-    pairs_url: str
-    settings: DPOSettings
+    pairs_url: str  # `Pair` records: chosen and rejected continuations of one prompt
+    settings: DPOSettings  # the round's: `DPOSettings.for_round`
     seed: int
 
 

@@ -12,10 +12,12 @@ from flywheel.stage import StageResult, StageRun, stage
 
 
 class EvaluateInputs(BaseModel):
+    """One greedy episode of the model per test task."""
+
     model_url: str
     env: EnvSettings
-    task_ids: list[str]
-    prefix: list[Message]
+    task_ids: list[str]  # the held-out test tasks
+    prefix: list[Message]  # prompted as the model was trained (the untrained: with examples)
     inference: InferenceSettings
     max_steps: int
 

@@ -32,6 +32,8 @@ def collect_expert(
 
 
 class ExpertDataInputs(BaseModel):
+    """The train tasks to collect expert trajectories for, in the agent's chat format."""
+
     env: EnvSettings
     task_ids: list[str]
     prefix: list[Message]

@@ -19,14 +19,16 @@ def shard(task_ids: list[str], shards: int, samples_per_task: int) -> list[list[
 
 
 class ExploreInputs(BaseModel):
+    """One shard of the policy's episodes on train tasks (a task repeated per sample)."""
+
     model_url: str
     env: EnvSettings
-    task_ids: list[str]
+    task_ids: list[str]  # this shard's (`shard`)
     prefix: list[Message]
     inference: InferenceSettings
-    temperature: float
+    temperature: float  # ETO explores greedily: 0
     max_steps: int
-    seed: int
+    seed: int  # per round and shard, so shards sample differently
 
 
 @stage("explore-shard")

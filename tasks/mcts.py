@@ -46,13 +46,15 @@ def tree_counts(trees: list[SearchTree]) -> dict[str, int]:
 
 
 class MCTSInputs(BaseModel):
+    """One tree per task, grown by sampling the model at each node (`search_limits`)."""
+
     model_url: str
     env: EnvSettings
-    task_ids: list[str]
-    prefix: list[Message]
+    task_ids: list[str]  # one tree each
+    prefix: list[Message]  # system prompt before each task's instruction
     inference: InferenceSettings
     settings: MCTSSettings
-    seed: int
+    seed: int  # sampling and tie-breaking; the flow varies it per round
 
 
 @stage("mcts")

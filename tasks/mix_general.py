@@ -69,6 +69,8 @@ def mix(
 
 
 class MixGeneralInputs(BaseModel):
+    """Revision trajectories and a file of general instruction/response rows to mix in."""
+
     data_url: str
     general_url: str  # a URL, so the cache keys on the file's content (`GeneralDataSettings.url`)
     eta: float

@@ -59,12 +59,14 @@ def select_good(tree: SearchTree, alpha: float, cap: int) -> list[int]:
 
 
 class SelectPathsInputs(BaseModel):
+    """Thresholds on normalised leaf scores (see the module's docstring) and caps per tree."""
+
     trees_url: str
-    alpha: float
-    beta: float
+    alpha: float  # a good leaf scores at least this
+    beta: float  # and beats its bad leaf by more than this
     max_pairs_per_task: int
-    max_good_per_task: int
-    seed: int
+    max_good_per_task: int  # good paths kept for the good-paths data
+    seed: int  # which pairs, when more pass than the cap
 
 
 @stage("select-paths")

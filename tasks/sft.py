@@ -22,6 +22,8 @@ def sft_trl_args(settings: SFTSettings, seed: int) -> dict:
 
 
 class SFTInputs(BaseModel):
+    """The model to start from and the trajectories to fine-tune it on."""
+
     model_url: str
     data_url: str  # trajectories; turns flagged `loss` are trained on
     settings: SFTSettings

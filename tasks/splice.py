@@ -58,25 +58,14 @@ def splice_revision(
     bad = tree.path(pair.bad_leaf)[1:]
     good = tree.path(pair.good_leaf)[1:]
     end = bad_prefix_end(pair, first_error, len(bad))
-    leaf = tree.nodes[pair.good_leaf]
-    messages = list(prefix) + [Message(role="user", content=tree.nodes[0].observation)]
-    messages += step_messages(bad[: end + 1], loss=False, last_observation=True)
-    messages += [
+    turns = step_messages(bad[: end + 1], loss=False, last_observation=True)
+    turns += [
         Message(role="assistant", content=revision, loss=True),
         Message(role="user", content=format_observation(revision_observation)),
     ]
-    messages += step_messages(good[pair.divergence :], loss=True, last_observation=False)
-    return Trajectory(
-        task_id=tree.task_id,
-        env=tree.env,
-        messages=messages,
-        episode_start=len(prefix),
-        reward=leaf.reward,
-        success=leaf.solved,
-        n_steps=end + 2 + len(good) - pair.divergence,
-        source="revision",
-        finish_reason=leaf.finish,
-    )
+    turns += step_messages(good[pair.divergence :], loss=True, last_observation=False)
+    n_steps = end + 2 + len(good) - pair.divergence
+    return tree.episode(pair.good_leaf, prefix, turns, n_steps, source="revision")
 
 
 def observe_noop(env, tree: SearchTree, bad_leaf: int, end: int) -> str:
@@ -123,15 +112,17 @@ def build_training_data(
 
 
 class SpliceInputs(BaseModel):
-    env: EnvSettings
+    """Trees and the paths chosen in them (select-paths), turned into SFT data by `mode`."""
+
+    env: EnvSettings  # answers the revision turn's no-op, replayed after the bad prefix
     trees_url: str
-    pairs_url: str
+    pairs_url: str  # from select-paths, as are the good paths
     good_url: str
     critiques_url: str | None  # None: the baselines, which use no critique
     prefix: list[Message]
     mode: Mode
-    include_good: bool
-    seed: int
+    include_good: bool  # good paths join the revisions
+    seed: int  # which revision thought each revision turn says
 
 
 @stage("splice")

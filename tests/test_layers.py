@@ -114,3 +114,11 @@ def test_the_check_sees_upward_and_sideways_imports(sources, expected):
 def test_the_check_sees_a_cycle():
     sources = {"envs.a": "from envs.b import x\n", "envs.b": "def f():\n    import envs.a\n"}
     assert import_cycles(sources) == [["envs.a", "envs.b", "envs.a"]]
+
+
+def test_the_code_version_covers_every_layer_stages_run():
+    """Stages run the layers below ops/: a change in any of them must change every cache key
+    (`flywheel/code_version.py`), and a change in ops/ or flows/ need not."""
+    from flywheel.code_version import STAGE_PACKAGES
+
+    assert set(STAGE_PACKAGES) == {p for p, rank in RANK.items() if rank < RANK["ops"]}
