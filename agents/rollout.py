@@ -188,6 +188,8 @@ def _observe(chat, state: _Live, result: StepResult | Exception | str, settings)
     if isinstance(result, StepResult):
         observation, done = result.observation, result.done
         state.reward += result.reward
+        turn = state.messages[-1]  # the agent turn whose action this step took
+        state.messages[-1] = turn.model_copy(update={"reward": result.reward})
     if done:
         state.finish_reason = "done"
     elif state.steps >= settings.max_steps:

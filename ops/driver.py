@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from agents.rollout import agent_prefix, task_list
 from envs import make_env
-from flywheel.records import Campaign, Manifest
+from flywheel.records import Campaign, CampaignRound, Manifest
 from flywheel.stage import StageOutput
 from ops.campaign import new_round, run_campaign
 from ops.runner import recipe_config, run_tracked
@@ -132,33 +132,26 @@ def evaluated(recipe: Recipe, round_no: int, result: RoundResult) -> RoundResult
     return result.model_copy(update={"evaluations": [*result.evaluations, evaluation]})
 
 
+STOPPED = "rounds stopped: a round that trained nothing leaves the policy as it was."
+
+
 def all_rounds(cfg, store, tracking, recipe_class: type[Recipe]) -> list[dict]:
     """Round 0, then rounds 1..`cfg.rounds`, stopping after a round that trained nothing."""
     recipe = recipe_class(cfg, store, tracking)
     start = evaluated(recipe, 0, recipe.start())
-    done, state = (
-        [start],
-        RoundState(round=1, policy=start.policy, start_policy=start.policy, carry=start.carry),
-    )
+    done, policy = [start], start.policy
     for round_no in range(1, cfg.rounds + 1):
-        result = evaluated(
-            recipe, round_no, recipe.round(state.model_copy(update={"round": round_no}))
+        state = RoundState(
+            round=round_no, policy=policy, start_policy=start.policy, carry=start.carry
         )
+        result = evaluated(recipe, round_no, recipe.round(state))
         done.append(result)
         if result.policy is None:
             print("\n".join(result.notes))
-            done.append(
-                RoundResult(
-                    notes=[
-                        "rounds stopped: a round that trained nothing leaves the policy as it was."
-                    ]
-                )
-            )
+            done.append(RoundResult(notes=[STOPPED]))
             break
-        state = state.model_copy(update={"policy": result.policy})
-    print(
-        recipe.report([e for r in done for e in r.evaluations], [n for r in done for n in r.notes])
-    )
+        policy = result.policy
+    print(report(recipe, done))
     return [dict(stage=label, **m.metrics) for r in done for label, m in r.evaluations]
 
 
@@ -176,8 +169,14 @@ def next_round(cfg, store, tracking, campaign: Campaign, recipe_class: type[Reci
     # A round that trained nothing keeps the policy; the campaign's next round tries again.
     policy = result.policy or campaign.rounds[-1].policy
     done = [*campaign.rounds, new_round(round_no, policy, result.evaluations, result.notes)]
-    recipe.report([e for r in done for e in r.evaluations], [n for r in done for n in r.notes])
+    report(recipe, done)
     return campaign.model_copy(update={"rounds": done})
+
+
+def report(recipe: Recipe, rounds: list[RoundResult] | list[CampaignRound]) -> str:
+    """The results table of every round's evaluations, with every round's notes."""
+    evaluations = [e for r in rounds for e in r.evaluations]
+    return recipe.report(evaluations, [note for r in rounds for note in r.notes])
 
 
 def run_all_rounds(recipe_class: type[Recipe], config, config_file, overrides) -> list[dict]:

@@ -132,7 +132,8 @@ def test_a_rollout_stage_publishes_its_averages(tmp_path, tiny_model_dir, chat, 
     store = ArtifactStore(str(tmp_path / "store"))
     manifest = rollout.rollout_to_store(
         store, "evaluate", f"file://{tiny_model_dir}", EnvSettings(), [solved, garbage],
-        agent_prefix(env, []), InferenceSettings(), 6, SamplingSettings(), store.url("eval"),
+        agent_prefix(env, []), InferenceSettings(), 6, SamplingSettings(),
+        store.url("eval/trajectories.jsonl"),
     )  # fmt: skip
     assert manifest.counts == {
         "episodes": 2, "successes": 1, "ended_done": 1, "ended_max_steps": 1, "retried": 0,
