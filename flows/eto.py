@@ -58,7 +58,10 @@ class ETO(Recipe):
                 )
                 for i, tasks in enumerate(shards)
             ],
-            [self.out(f"round-{n}/explore/shard-{i}", f"round-{n}") for i in range(len(shards))],
+            [
+                self.out(f"round-{n}/explore/shard-{i}", f"round-{n}-shard-{i}")
+                for i in range(len(shards))
+            ],
         ).result()  # fmt: skip
         pairs = build_pairs_stage(
             BuildPairsInputs(

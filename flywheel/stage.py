@@ -69,10 +69,16 @@ class StageResult(BaseModel):
 class StageRun:
     """A running stage's side of its output: the store, its folder, and its MLflow child run."""
 
-    def __init__(self, output: StageOutput, tracker: Tracker | None, run_id: str | None):
+    def __init__(
+        self,
+        name: str,
+        output: StageOutput,
+        tracker: Tracker | None = None,
+        run_id: str | None = None,
+    ):
+        self.name = name
         self.store = ArtifactStore(output.store_url)
         self.url = output.url
-        self.label = output.label
         self.tracker, self.run_id = tracker, run_id
 
     def file(self, name: str) -> str:
@@ -150,22 +156,12 @@ def stage(name: str):
             store = ArtifactStore(out.store_url)
             keyed = cache_inputs(name, inputs)
             tracker = out.tracking.tracker() if out.tracking else None
-            if (done := store.manifest(out.url, keyed)) is not None:
-                if tracker:
-                    log_child_run(tracker, start_child_run(tracker, name, out), done)
-                return done
             run_id = start_child_run(tracker, name, out) if tracker else None
-            try:
-                result = body(inputs, StageRun(out, tracker, run_id))
-                manifest = Manifest(stage=name, url=out.url, **result.model_dump())
-                published = store.publish(manifest, keyed)
-            except BaseException as error:
-                if run_id:
-                    tracker.finish(run_id, end_status(error))  # KILLED or FAILED, never FINISHED
-                raise
+            if (done := store.manifest(out.url, keyed)) is None:
+                done = run_body(body, inputs, StageRun(name, out, tracker, run_id), keyed)
             if run_id:
-                log_child_run(tracker, run_id, published)
-            return published
+                log_child_run(tracker, run_id, done)
+            return done
 
         # The body's name and docstring, but this signature: Prefect names the parameters
         # (inputs, out) from it, and the failure record reads `out` (no `__wrapped__`).
@@ -178,6 +174,19 @@ def stage(name: str):
     return decorate
 
 
+def run_body(body, inputs: BaseModel, run: StageRun, keyed: dict) -> Manifest:
+    """Run the stage's body and publish its result under `keyed`; a failure ends the stage's
+    MLflow run FAILED (KILLED when told to stop), never FINISHED."""
+    try:
+        result = body(inputs, run)
+        manifest = Manifest(stage=run.name, url=run.url, **result.model_dump())
+        return run.store.publish(manifest, keyed)
+    except BaseException as error:
+        if run.run_id:
+            run.tracker.finish(run.run_id, end_status(error))
+        raise
+
+
 def start_child_run(tracker: Tracker, name: str, out: StageOutput) -> str:
     label = out.label or out.url.rstrip("/").rsplit("/", 1)[-1]
     return tracker.start(f"{name}/{label}", parent_id=out.tracking.parent_run_id)
@@ -187,7 +196,8 @@ def log_child_run(tracker: Tracker, run_id: str, manifest: Manifest) -> None:
     """A finished stage's counts and metrics, and where its output is; then the run ends."""
     numbers = {**manifest.counts, **manifest.metrics}
     tracker.log_metrics(run_id, {k: float(v) for k, v in numbers.items()})
-    tracker.log_params(run_id, {"output_url": manifest.url})
+    # A tag, not a param: a run reused for the same stage and label may be told again.
+    tracker.client.set_tag(run_id, "flywheel.output_url", manifest.url)
     tracker.finish(run_id)
 
 

@@ -39,7 +39,9 @@ def test_etos_defaults_reach_the_trainer_and_the_explorer(monkeypatch, tmp_path)
         model_url="model", env=cfg.env, task_ids=["t"], prefix=[], inference=cfg.inference,
         temperature=cfg.explore.temperature, max_steps=5, seed=3,
     )  # fmt: skip
-    run = StageRun(StageOutput(store_url=str(tmp_path), url=f"file://{tmp_path}/out"), None, None)
+    run = StageRun(
+        "explore-shard", StageOutput(store_url=str(tmp_path), url=f"file://{tmp_path}/out")
+    )
     tasks.explore.explore_stage.body(inputs, run)
     assert seen["sampling"] == SamplingSettings(temperature=0.0, max_tokens=96, seed=3)
     assert tasks.explore.shard(["a", "b"], cfg.explore.shards, cfg.explore.samples_per_task) == [
