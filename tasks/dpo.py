@@ -35,6 +35,7 @@ class DPOInputs(BaseModel):
 
 @stage("dpo")
 def dpo_stage(inputs: DPOInputs, run: StageRun) -> StageResult:
+    """The DPO'd policy in `model/`, trl's log in `train.log`, its last metrics."""
     trl_args = dpo_trl_args(inputs.settings, inputs.seed)
     return trained_model(
         run, "training.dpo", inputs.model_url, inputs.pairs_url, inputs.settings, trl_args

@@ -32,6 +32,7 @@ class SFTInputs(BaseModel):
 
 @stage("sft")
 def sft_stage(inputs: SFTInputs, run: StageRun) -> StageResult:
+    """The fine-tuned model in `model/`, trl's log in `train.log`, its last metrics."""
     trl_args = sft_trl_args(inputs.settings, inputs.seed)
     return trained_model(
         run, "training.sft", inputs.model_url, inputs.data_url, inputs.settings, trl_args
