@@ -23,8 +23,9 @@ def side(steps: int, verb: str, final: str) -> list[Message]:
     messages = []
     for i in range(steps - 1):
         messages += [
-            Message(role="assistant", content=f"Thought: step {i}\nAction: {verb} {i} a",
-                    loss=True),
+            Message(
+                role="assistant", content=f"Thought: step {i}\nAction: {verb} {i} a", loss=True
+            ),
             Message(role="user", content=f"Observation: Got {i} a"),
         ]
     return [*messages, Message(role="assistant", content=f"Action: {final}", loss=True)]
