@@ -3,6 +3,9 @@ so the loop's rules can be checked exactly; real vLLM runs in test_eto_flow)."""
 
 from __future__ import annotations
 
+import itertools
+from types import SimpleNamespace
+
 import pytest
 
 from envs import make_env
@@ -241,3 +244,129 @@ def test_open_backend_follows_the_inference_settings(monkeypatch):
     local = InferenceSettings(max_model_len=2048, kv_cache_gib=3, block_size=64)
     assert rollout.open_backend(local, "/models/m", "tok") == "engine"
     assert engines == [("/models/m", 2048, 3, 64)]
+
+
+def published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories, clock=(10.0, 12.5)):
+    """`rollout_to_store` with the episodes replaced by `trajectories` and a clock that reads
+    `clock` before and after them; returns the manifest, the store, the calls and the inputs."""
+    import flywheel.rollout as rollout
+    from flywheel.inference import SamplingSettings
+    from flywheel.records import Message
+    from flywheel.settings import EnvSettings, InferenceSettings
+    from flywheel.storage import ArtifactStore
+
+    calls, readings = [], itertools.cycle(clock)
+    monkeypatch.setattr(rollout, "open_backend", lambda inference, model_dir, tok: "backend")
+    monkeypatch.setattr(rollout, "run_batched", lambda *args: calls.append(args) or trajectories)
+    monkeypatch.setattr(rollout, "time", SimpleNamespace(perf_counter=lambda: next(readings)))
+    store = ArtifactStore(str(tmp_path / "store"))
+    prefix = [Message(role="system", content="S")]
+    inference = InferenceSettings(max_model_len=1024)
+    sampling = SamplingSettings(temperature=0.5, max_tokens=7)
+    args = (store, "explore", f"file://{tiny_model_dir}", EnvSettings(), ["a", "b"], prefix,
+            inference, 9, sampling, store.url("explore"))  # fmt: skip
+    return rollout.rollout_to_store(*args), store, calls, args
+
+
+def played(task_id, reward, success, steps, finish, recoveries=0, generated=()):
+    from flywheel.records import Message, Trajectory
+
+    messages = [Message(role="system", content="S"), Message(role="user", content="T")]
+    messages += [Message(role="assistant", content="x", token_ids=list(ids)) for ids in generated]
+    messages.append(Message(role="assistant", content="y"))  # no ids: not generated
+    return Trajectory(task_id=task_id, env="textcraft", messages=messages, episode_start=1,
+                      reward=reward, success=success, n_steps=steps, finish_reason=finish,
+                      recoveries=recoveries)  # fmt: skip
+
+
+def test_a_rollout_stage_counts_and_averages_hand_made_episodes(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    from flywheel.records import Trajectory
+    from flywheel.rollout import RolloutSettings
+
+    trajectories = [
+        played("a", 1.0, True, 3, "done", recoveries=2, generated=[[1, 2, 3], [4]]),
+        played("b", 0.5, False, 9, "max_steps", generated=[[5, 6]]),
+        played("c", 0.0, False, 6, "context", recoveries=1),
+    ]
+    manifest, store, calls, args = published_stage(tmp_path, tiny_model_dir, monkeypatch,
+                                                   trajectories)  # fmt: skip
+    ((env, task_ids, backend, chat, prefix, settings),) = calls
+    assert (env.name, task_ids, backend, prefix) == ("textcraft", ["a", "b"], "backend", args[5])
+    assert settings == RolloutSettings(max_steps=9, max_model_len=1024, sampling=args[8])
+    assert chat.tokenizer.name_or_path.endswith(str(tiny_model_dir).rsplit("/", 1)[-1])
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "explore: 2 episodes moved to another environment server"
+    )
+    assert manifest.stage == "explore" and manifest.url == store.url("explore")
+    assert manifest.files == {"trajectories": store.url("explore", "trajectories.jsonl")}
+    assert store.read_records(manifest.files["trajectories"], Trajectory) == trajectories
+    assert manifest.counts == {
+        "episodes": 3, "successes": 1, "ended_done": 1, "ended_max_steps": 1,
+        "ended_context": 1, "retried": 2, "recoveries": 3,
+    }  # fmt: skip
+    # 1 of 3 solved; rewards 1.5 / 3; steps 18 / 3; 6 generated tokens in 2.5 s.
+    assert manifest.metrics == {
+        "success_rate": 1 / 3, "average_reward": 0.5, "average_steps": 6.0, "seconds": 2.5,
+        "generated_tokens_per_s": 2.4,
+    }  # fmt: skip
+
+
+def test_a_rollout_stage_with_no_time_measured_reports_zero_tokens_per_second(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    trajectories = [played("a", 1.0, True, 1, "done", generated=[[1, 2]])]
+    manifest, *_ = published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories,
+                                   clock=(4.0, 4.0))  # fmt: skip
+    assert manifest.metrics["seconds"] == 0.0
+    assert manifest.metrics["generated_tokens_per_s"] == 0.0
+    assert manifest.counts["retried"] == 0
+    assert "moved to another environment server" not in capsys.readouterr().out
+
+
+def test_a_rollout_stage_is_keyed_on_every_setting_and_reused_for_the_same_ones(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    from dataclasses import asdict
+
+    import flywheel.rollout as rollout
+
+    trajectories = [played("a", 1.0, True, 1, "done")]
+    manifest, store, calls, args = published_stage(tmp_path, tiny_model_dir, monkeypatch,
+                                                   trajectories)  # fmt: skip
+    (_, stage, model, env_settings, tasks, prefix, inference, max_steps, sampling, out) = args
+    keys = []
+    original = store.manifest
+    monkeypatch.setattr(store, "manifest",
+                        lambda url, inputs: keys.append((url, inputs)) or original(url, inputs))  # fmt: skip
+    again = rollout.rollout_to_store(*args)
+    assert len(calls) == 1, "the finished stage was played again"
+    assert again.served_from_store and again.inputs_digest == manifest.inputs_digest
+    assert keys == [
+        (out, {"stage": stage, "model": model, "env": {"name": "textcraft"}, "tasks": tasks,
+               "prefix": prefix, "inference": inference, "max_steps": 9,
+               "sampling": {"temperature": 0.5, "top_p": 1.0, "max_tokens": 7, "seed": 0}}),
+    ]  # fmt: skip
+    assert keys[0][1]["sampling"] == asdict(sampling)
+    # Another step limit is another stage: played again.
+    rollout.rollout_to_store(*args[:7], 10, *args[8:])
+    assert len(calls) == 2
+
+
+def test_a_stage_with_lost_episodes_fails_and_names_the_first(tmp_path):
+    from flywheel.rollout import EpisodesLost, raise_if_lost
+
+    trajectories = [
+        played("a", 1.0, True, 1, "done"),
+        played("b", 0.0, False, 1, "lost: EnvironmentUnavailable: gone"),
+        played("c", 0.0, False, 1, "lost: EnvironmentUnavailable: also gone"),
+    ]
+    with pytest.raises(EpisodesLost) as error:
+        raise_if_lost(trajectories, "s/run/trajectories.jsonl")
+    assert str(error.value) == (
+        "2 of 3 episodes were lost: no environment server could play them (first: task b: "
+        "lost: EnvironmentUnavailable: gone). All episodes, with their reasons, are in "
+        "s/run/trajectories.jsonl. Bring the servers back (env.servers) and re-run."
+    )
+    raise_if_lost(trajectories[:1] + [played("d", 0.0, False, 1, "error: lost it")], "u")
