@@ -143,6 +143,12 @@ def test_long_dpo_sides_keep_their_latest_turns_and_hopeless_pairs_are_counted(c
     assert rows == [] and counts == RowCounts(rows_dropped_no_loss=1)
 
 
+def torch_int64():
+    import torch
+
+    return torch.int64
+
+
 @pytest.fixture(scope="module")
 def collator_rows(chat):
     rows, _ = dpo_rows([pair(3, 2), pair(2, 4)], chat, max_length=4096)
@@ -174,6 +180,8 @@ def test_the_collator_masks_observations_and_padding(chat, collator_rows):
     collator = MaskedPreferenceCollator(pad_token_id=chat.tokenizer.pad_token_id)
     batch = collator.torch_call(collator_rows)
     width = batch["input_ids"].shape[1]
+    # trl's own dtype: the loss multiplies and indexes with it (a float mask would not index).
+    assert batch["completion_mask"].dtype == batch["attention_mask"].dtype == torch_int64()
     sides = [(r["prompt_ids"], r["chosen_mask"]) for r in collator_rows]
     sides += [(r["prompt_ids"], r["rejected_mask"]) for r in collator_rows]
     for index, (prompt, mask) in enumerate(sides):
