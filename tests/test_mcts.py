@@ -265,3 +265,24 @@ def test_a_leaf_becomes_a_trajectory_with_the_generated_ids_and_the_leafs_outcom
         0.0, False, "max_depth", "bad"
     )  # fmt: skip
     assert divergence(tree, 3, 4) == 2 and divergence(tree, 4, 3) == 2
+
+
+def test_a_tree_renders_as_an_outline_written_out_by_hand():
+    nodes = [
+        TreeNode(id=0, observation="Goal: craft x.", visits=4, value=1.5, children=[1, 2]),
+        TreeNode(id=1, parent=0, depth=1, action="get 1 a", observation="Got 1 a\nand more",
+                 visits=3, value=1.5, children=[3, 4]),
+        TreeNode(id=2, parent=0, depth=1, action="craft x", observation="Could not craft",
+                 visits=1, value=0.0, finish="max_depth", score=0.0, closed=True),
+        TreeNode(id=3, parent=1, depth=2, action=None, observation="y" * 100, visits=2,
+                 value=1.5, finish="done", score=0.75, closed=True),
+        TreeNode(id=4, parent=1, depth=2, action="look", observation="", visits=0),
+    ]  # fmt: skip
+    tree = SearchTree(task_id="t", env="e", nodes=nodes, iterations=3)
+    assert render(tree).split("\n") == [
+        "task t (e): 5 nodes, 2 leaves, 3 iterations",
+        "  get 1 a -> Got 1 a and more  (n=3, q=0.50)",
+        "    (no action) -> " + "y" * 80 + "  (n=2, q=0.75) [done, score 0.75]",
+        "    look ->   (n=0, q=0.00)",
+        "  craft x -> Could not craft  (n=1, q=0.00) [max_depth, score 0]",
+    ]
