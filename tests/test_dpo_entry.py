@@ -52,10 +52,12 @@ def recorded(monkeypatch, chat, base_model_dir):
     from transformers import AutoTokenizer
 
     Recorder.built = []
-    saved = []
+    saved, loaded = [], []
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
     tokenizer.pad_token = None
-    monkeypatch.setattr(dpo.AutoTokenizer, "from_pretrained", lambda path: tokenizer)
+    monkeypatch.setattr(
+        dpo.AutoTokenizer, "from_pretrained", lambda path: loaded.append(path) or tokenizer
+    )
     monkeypatch.setattr(dpo, "load_model", lambda job: ("model", job))
     monkeypatch.setattr(dpo, "TokenizedDPOTrainer", Recorder)
 
@@ -64,7 +66,7 @@ def recorded(monkeypatch, chat, base_model_dir):
         return {"train_loss": 0.25, "rows": rows}
 
     monkeypatch.setattr(dpo, "train_and_save", fake_train_and_save)
-    return tokenizer, saved
+    return tokenizer, saved, loaded
 
 
 def write_pairs(path, pairs: list[Pair]) -> str:
@@ -73,7 +75,7 @@ def write_pairs(path, pairs: list[Pair]) -> str:
 
 
 def test_train_hands_the_trainer_masked_rows_and_a_collator_cut_like_trl(tmp_path, recorded, chat):
-    tokenizer, saved = recorded
+    tokenizer, saved, loaded = recorded
     pairs = [make_pair(3, 2), make_pair(2, 4)]
     prompt_len = len(chat.encode(pairs[0].prompt)[0])
     long = make_pair(12, 1)  # shortened to fit, still kept
@@ -99,19 +101,23 @@ def test_train_hands_the_trainer_masked_rows_and_a_collator_cut_like_trl(tmp_pat
     assert isinstance(collator, dpo.MaskedPreferenceCollator)
     assert collator.pad_token_id == tokenizer.eos_token_id == tokenizer.pad_token_id
     assert collator.max_length == max_length and collator.truncation_mode == "keep_start"
-    ((_, tok, saved_job, rows),) = saved
+    ((trainer, tok, saved_job, rows),) = saved
+    assert isinstance(trainer, Recorder) and loaded == ["m"]
     assert tok is tokenizer and saved_job is job and rows == 3
     assert metrics == {"train_loss": 0.25, "rows": 3, "rows_shortened": 1,
                        "rows_dropped_too_long": 0, "rows_dropped_no_loss": 0}  # fmt: skip
 
 
 def test_train_keeps_a_pad_token_the_tokenizer_has(tmp_path, monkeypatch, recorded):
-    tokenizer, _ = recorded
+    tokenizer, _, loaded = recorded
     tokenizer.pad_token = "<|endoftext|>"  # not the end-of-sequence token
-    job = TrainingJob("m", write_pairs(tmp_path / "p.jsonl", [make_pair(2, 2)]), str(tmp_path))
+    job = TrainingJob("m", write_pairs(tmp_path / "p.jsonl", [make_pair(2, 2)]), str(tmp_path),
+                      trl_args={"truncation_mode": "keep_end"})  # fmt: skip
     dpo.train(job)
     (kwargs,) = Recorder.built
-    assert tokenizer.pad_token == "<|endoftext|>"
+    assert tokenizer.pad_token == "<|endoftext|>" and loaded == ["m"]
+    # trl cuts from the end here: the collator cuts the masks from the same end.
+    assert kwargs["args"].truncation_mode == kwargs["data_collator"].truncation_mode == "keep_end"
     assert kwargs["data_collator"].pad_token_id == tokenizer.convert_tokens_to_ids("<|endoftext|>")
     assert kwargs["data_collator"].pad_token_id != tokenizer.eos_token_id
 
