@@ -370,3 +370,111 @@ def test_a_stage_with_lost_episodes_fails_and_names_the_first(tmp_path):
         "s/run/trajectories.jsonl. Bring the servers back (env.servers) and re-run."
     )
     raise_if_lost(trajectories[:1] + [played("d", 0.0, False, 1, "error: lost it")], "u")
+
+
+class PlannedEnv:
+    """Tasks whose expert plans have the given lengths (None: no expert)."""
+
+    name = "toy"
+
+    def __init__(self, train: dict, test: dict):
+        self.plans = {"train": train, "test": test}
+
+    def task_ids(self, split):
+        return list(self.plans[split])
+
+    def expert_plan(self, task_id):
+        length = {**self.plans["train"], **self.plans["test"]}[task_id]
+        return None if length is None else [("t", "a")] * length
+
+
+def tasks_setting(train=None, test=None, max_expert_steps=None):
+    return SimpleNamespace(train_tasks=train, test_tasks=test, max_expert_steps=max_expert_steps)
+
+
+def test_the_expert_step_limit_keeps_plans_of_one_to_limit_steps():
+    from flywheel.rollout import within_expert_steps
+
+    env = PlannedEnv({"none": None, "empty": 0, "one": 1, "two": 2, "three": 3}, {})
+    ids = env.task_ids("train")
+    assert within_expert_steps(env, ids, 2) == ["one", "two"]
+    assert within_expert_steps(env, ids, 3) == ["one", "two", "three"]
+    assert within_expert_steps(env, ids, 1) == ["one"]
+    assert within_expert_steps(env, ids, None) == ids
+
+
+def test_a_task_list_is_the_eligible_tasks_or_a_seeded_sample_in_split_order():
+    from flywheel.rollout import select_tasks, task_list
+
+    train = {f"r{i}": 1 + i % 4 for i in range(10)}  # r3 and r7 need 4 steps
+    env = PlannedEnv(train, {"s0": 1, "s1": 5, "s2": 2})
+    assert task_list(env, "train", tasks_setting(max_expert_steps=3), 0) == [
+        "r0", "r1", "r2", "r4", "r5", "r6", "r8", "r9"
+    ]  # fmt: skip
+    assert task_list(env, "test", tasks_setting(train=1), 0) == ["s0", "s1", "s2"]
+    picked = task_list(env, "train", tasks_setting(train=3, test=1), 5)
+    assert len(picked) == 3 and picked == [t for t in env.task_ids("train") if t in picked]
+    assert picked == task_list(env, "train", tasks_setting(train=3, test=1), 5)
+    samples = {tuple(select_tasks(env.task_ids("train"), 3, seed)) for seed in range(6)}
+    assert len(samples) > 1  # the seed chooses
+    (one,) = task_list(env, "test", tasks_setting(train=9, test=1), 1)
+    assert one in ("s0", "s1", "s2")
+    assert select_tasks(["a", "b"], None, 3) == ["a", "b"]
+    assert select_tasks(["a", "b"], 2, 3) == ["a", "b"]
+
+
+def test_a_task_list_that_cannot_be_had_names_the_setting_to_change():
+    from flywheel.rollout import task_list
+    from flywheel.settings import ConfigError
+
+    env = PlannedEnv({"a": 3, "b": 5, "c": None}, {"x": 1, "y": 2})
+    with pytest.raises(ConfigError) as error:
+        task_list(env, "train", tasks_setting(max_expert_steps=2), 0)
+    assert str(error.value) == (
+        "env.max_expert_steps=2 leaves no train task of toy; its shortest expert plan has 0 steps"
+    )
+    with pytest.raises(ConfigError) as error:
+        task_list(PlannedEnv({"a": 3, "b": 5}, {}), "train", tasks_setting(max_expert_steps=2), 0)
+    assert str(error.value).endswith("its shortest expert plan has 3 steps")
+    with pytest.raises(ConfigError) as error:
+        task_list(env, "train", tasks_setting(train=2, max_expert_steps=4), 0)
+    assert str(error.value) == (
+        "env.train_tasks=2: the train split of toy holds 1 tasks within env.max_expert_steps=4; "
+        "ask for at most 1, or leave env.train_tasks unset for all of them"
+    )
+    with pytest.raises(ConfigError) as error:
+        task_list(env, "test", tasks_setting(train=1, test=3), 0)
+    assert str(error.value) == (
+        "env.test_tasks=3: the test split of toy holds 2 tasks; ask for at most 2, or leave "
+        "env.test_tasks unset for all of them"
+    )
+    assert task_list(env, "test", tasks_setting(test=2), 0) == ["x", "y"]  # exactly all
+
+
+def test_an_episode_ends_on_context_once_its_prompt_leaves_no_room_for_a_reply(chat):
+    from flywheel.inference import SamplingSettings
+
+    env = make_env("textcraft")
+    solved = "acacia_boat"
+    plan = [format_reply(t, a) for t, a in env.expert_plan(solved)]
+    prefix = agent_prefix(env, [])
+
+    def play(max_model_len):
+        settings = RolloutSettings(max_steps=6, max_model_len=max_model_len,
+                                   sampling=SamplingSettings(max_tokens=50))  # fmt: skip
+        backend = ScriptedBackend(chat, {solved: list(plan)})
+        (played,) = run_batched(env, [solved], backend, chat, prefix, settings, progress=False)
+        return played
+
+    full = play(100_000)
+    assert full.finish_reason == "done" and full.n_steps == 4
+    start = full.episode_start
+    # The prompt after the first reply and its observation, as the next step would send it.
+    after_one = len(chat.encode(full.messages[: start + 3])[0])
+    fits = play(after_one + len(chat.header_ids) + 50)  # exactly room for the reply
+    assert fits.n_steps == 2 and fits.finish_reason == "context"
+    assert fits.messages[-1].role == "assistant"  # the unanswered observation is dropped
+    assert fits.messages == full.messages[: start + 4]
+    tight = play(after_one + len(chat.header_ids) + 49)  # one token short
+    assert tight.n_steps == 1 and tight.finish_reason == "context"
+    assert tight.messages == full.messages[: start + 2] and not tight.success
