@@ -52,8 +52,19 @@ def _load_tokenizer(model_dir):
 # child per mutant, whose timeout is worked out from the tests' own run time alone. Loading the
 # tokenizer (and transformers) here, once, spares each child seconds of its timeout on a busy
 # machine; the ChatTokenizer itself is still built in the child, from the mutated code.
+# Its children end with os._exit or a kill, possibly while tqdm's lock is held: tqdm's default
+# lock is a multiprocessing semaphore that every child shares, so one child ending inside it
+# (tqdm's monitor thread takes it every few seconds) leaves every later child waiting on it
+# forever. Under mutmut tqdm gets a per-process lock and no monitor thread.
 _PRELOADED_TOKENIZER = None
 if "MUTANT_UNDER_TEST" in os.environ:
+    import threading
+
+    from tqdm import tqdm as _tqdm
+
+    _tqdm.set_lock(threading.RLock())
+    _tqdm.monitor_interval = 0
+
     from flywheel.model import convert_base_model as _convert
 
     _PRELOADED_TOKENIZER = _load_tokenizer(
