@@ -179,3 +179,31 @@ def test_templates_it_cannot_render_turn_by_turn_are_refused():
     with pytest.raises(ValueError) as error:
         ChatTokenizer(CharTokenizer(numbered))
     assert str(error.value) == "chat template does not render messages independently"
+
+
+def test_parse_reply_limits_actions_to_200_characters_and_names_the_length():
+    from flywheel.chat import MAX_ACTION_CHARS, ParsedReply
+
+    assert MAX_ACTION_CHARS == 200
+    longest = "get " + "1" * 196
+    assert parse_reply(f"Thought: t\nAction: {longest}") == ParsedReply("t", longest, None)
+    assert parse_reply(f"Thought: t\nAction: {longest}1") == ParsedReply(
+        "t", None, "Action too long (201 characters)."
+    )
+
+
+def test_parse_reply_keeps_a_thought_over_lines_and_strips_quotes_inside_spaces():
+    from flywheel.chat import ParsedReply
+
+    text = "  Thought:  first line\nsecond line \n  action : \"` craft 1 x '  \nAction: get"
+    assert parse_reply(text) == ParsedReply("first line\nsecond line", "craft 1 x", None)
+    assert parse_reply("Action: inventory") == ParsedReply("", "inventory", None)
+    assert parse_reply("THOUGHT: only thinking") == ParsedReply("only thinking", None, FORMAT_HINT)
+    assert parse_reply("Thought: a\nAction: '' ") == ParsedReply("a", None, FORMAT_HINT)
+
+
+def test_replies_and_observations_are_formatted_as_the_agent_reads_them():
+    from flywheel.chat import format_observation, format_reply
+
+    assert format_reply("t", "get 1 a") == "Thought: t\nAction: get 1 a"
+    assert format_observation("Got 1 a") == "Observation: Got 1 a"
