@@ -205,6 +205,12 @@ def test_few_shot_examples_are_the_first_short_train_tasks():
     assert all(len(env.expert_plan(t)) > 4 for t in skipped if t not in short[:2])
     assert all(e.success and e.messages[0].content == env.system_prompt for e in examples)
     assert few_shot_examples(env, 0) == []
+    # By default at most 4 steps: the first 5-step task is passed over.
+    five = next(t for t in train if len(env.expert_plan(t)) == 5)
+    before = [t for t in train[: train.index(five)] if len(env.expert_plan(t)) <= 4]
+    after = next(t for t in train[train.index(five) :] if len(env.expert_plan(t)) <= 4)
+    picked = few_shot_examples(env, len(before) + 1)
+    assert [e.task_id for e in picked] == [*before, after]
 
 
 def test_sequential_rollout_plays_one_request_at_a_time_to_the_same_episodes(chat):
@@ -226,11 +232,29 @@ def test_sequential_rollout_plays_one_request_at_a_time_to_the_same_episodes(cha
     assert one_at_a_time.calls == [1] * (4 + 6)
 
 
+def test_the_sequential_rollout_shows_one_bar_over_its_episodes(chat, capsys):
+    from flywheel.rollout import run_sequential
+
+    env = make_env("textcraft")
+    solved, garbage = "acacia_boat", "birch_boat"
+    plan = [format_reply(t, a) for t, a in env.expert_plan(solved)]
+    backend = ScriptedBackend(chat, {solved: plan, garbage: ["hello"] * 10})
+    capsys.readouterr()
+    run_sequential(env, [solved, garbage], backend, chat, agent_prefix(env, []),
+                   RolloutSettings(max_steps=6))  # fmt: skip
+    err = capsys.readouterr().err
+    assert "textcraft episodes (sequential): 100%" in err and "| 2/2 [" in err
+    assert "ep/s]" in err
+    assert "textcraft episodes:" not in err  # no bar per episode
+
+
 def test_open_backend_follows_the_inference_settings(monkeypatch):
     import flywheel.rollout as rollout
     from flywheel.inference import OpenAIBackend
     from flywheel.settings import InferenceSettings
 
+    engines = []
+    monkeypatch.setattr(rollout, "shared_vllm", lambda *args: engines.append(args) or "engine")
     server = InferenceSettings(backend="openai", base_url="http://127.0.0.1:9/")
     backend = rollout.open_backend(server, "/models/m", tokenizer="tok")
     assert isinstance(backend, OpenAIBackend)
@@ -239,8 +263,7 @@ def test_open_backend_follows_the_inference_settings(monkeypatch):
         "/models/m",
         "tok",
     )
-    engines = []
-    monkeypatch.setattr(rollout, "shared_vllm", lambda *args: engines.append(args) or "engine")
+    assert engines == []
     local = InferenceSettings(max_model_len=2048, kv_cache_gib=3, block_size=64)
     assert rollout.open_backend(local, "/models/m", "tok") == "engine"
     assert engines == [("/models/m", 2048, 3, 64)]
