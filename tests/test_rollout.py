@@ -190,6 +190,8 @@ def test_no_expert_or_a_plan_that_does_not_finish_gives_no_trajectory(monkeypatc
     assert expert_trajectory(env, "acacia_boat", prefix) is None
     monkeypatch.setattr(env, "expert_plan", lambda task_id: None)
     assert expert_trajectory(env, "acacia_boat", prefix) is None
+    monkeypatch.setattr(env, "expert_plan", lambda task_id: [])  # an empty plan finishes nothing
+    assert expert_trajectory(env, "acacia_boat", prefix) is None
 
 
 def test_few_shot_examples_are_the_first_short_train_tasks():
