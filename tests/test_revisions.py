@@ -348,3 +348,44 @@ def test_the_revision_turn_sees_the_noop_answered_after_the_error_step(chat):
     assert [m.content for m in direct.continuation][7] == (
         "Observation: Inventory: [acacia logs] (1) [cobblestone] (2)"
     )
+
+
+class SamplingRecorder(PromptRecorder):
+    def __init__(self):
+        super().__init__()
+        self.samplings = []
+
+    def generate(self, prompts, sampling):
+        self.samplings.append(sampling)
+        return super().generate(prompts, sampling)
+
+
+def test_a_critique_prompt_uses_all_the_room_a_reply_leaves_and_greedy_sampling(tree, chat, capsys):
+    from flywheel.inference import SamplingSettings
+    from flywheel.settings import CritiqueSettings
+
+    pair = PathPair(
+        task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0, divergence=2
+    )  # fmt: skip  (one step judged: 5 "inventory")
+    settings = CritiqueSettings(max_tokens=16, history_steps=6)
+
+    def prompts(max_model_len, progress=False):
+        backend = SamplingRecorder()
+        critique_pairs([pair], {"acacia_boat": tree}, backend, chat, settings, max_model_len,
+                       progress=progress)  # fmt: skip
+        assert backend.samplings == [SamplingSettings(temperature=0.0, top_p=1.0, max_tokens=16,
+                                                      seed=0)]  # fmt: skip
+        return backend.prompts
+
+    (whole,) = prompts(4096)
+    text = chat.tokenizer.decode(whole)
+    assert "Earlier steps:\nAction: get 1 a\nObservation: Got 1 a\nAction: get 1 z" in text
+    # Exactly room for the prompt, its reply header and max_tokens: nothing is cut.
+    exact = len(whole) + 16
+    assert prompts(exact) == [whole]
+    (cut,) = prompts(exact - 1)  # one token short: the oldest history step goes
+    assert len(cut) < len(whole)
+    assert "Earlier steps:\nAction: get 1 z" in chat.tokenizer.decode(cut)
+    capsys.readouterr()
+    prompts(4096, progress=True)
+    assert "critique: 100%" in capsys.readouterr().err
