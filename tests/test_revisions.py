@@ -389,3 +389,58 @@ def test_a_critique_prompt_uses_all_the_room_a_reply_leaves_and_greedy_sampling(
     capsys.readouterr()
     prompts(4096, progress=True)
     assert "critique: 100%" in capsys.readouterr().err
+
+
+def test_pairs_are_drawn_with_seed_zero_unless_told_and_alpha_itself_is_good_enough(tree):
+    by_default = select_pairs(tree, 0.5, 0.2, cap=3)
+    assert by_default == select_pairs(tree, 0.5, 0.2, cap=3, seed=0)
+    assert by_default != select_pairs(tree, 0.5, 0.2, cap=3, seed=1)  # the seed chooses
+    assert select_good(tree, 0.75, 5) == [4, 7]  # leaf 7 scores exactly 0.75
+
+
+def test_the_verifier_prompt_word_for_word():
+    from tasks.critique import verifier_messages
+
+    history = [step(1, 0, 1, "get 1 a", "Got 1 a"), step(2, 1, 2, None, "Invalid reply.")]
+    judged = step(3, 2, 3, "craft 1 x using 1 a", "Crafted 1 x")
+    system, user = verifier_messages("Goal: craft x.", history, judged)
+    assert (system.role, system.content) == (
+        "system",
+        "You review an agent's work one step at a time and say whether a step was right.",
+    )
+    assert user.role == "user" and user.content == (
+        "Task:\nGoal: craft x.\n\n"
+        "Earlier steps:\nAction: get 1 a\nObservation: Got 1 a\n"
+        "Action: None\nObservation: Invalid reply.\n\n"
+        "Step to judge:\nAction: craft 1 x using 1 a\nObservation: Crafted 1 x\n\n"
+        "Was this step good (it brings the goal closer), bad (it fails, wastes the turn or leads "
+        "away from the goal) or uncertain? Reason in one sentence, then end with one line: "
+        "'Judgement: Good', 'Judgement: Bad' or 'Judgement: Uncertain'."
+    )
+    no_action = judged.model_copy(update={"action": None, "reply": "I think I should craft."})
+    (_, first) = verifier_messages("Goal: craft x.", [], no_action)
+    assert first.content.startswith(
+        "Task:\nGoal: craft x.\n\nEarlier steps:\n(none)\n\n"
+        "Step to judge:\nAction: I think I should craft.\nObservation: Crafted 1 x\n\nWas this"
+    )
+    assert (system.loss, user.loss) == (False, False)
+
+
+def test_a_backend_answering_fewer_prompts_than_asked_is_an_error(tree, chat, capsys):
+    from flywheel.settings import CritiqueSettings
+
+    class OneAnswer:
+        def generate(self, prompts, sampling):
+            return [Generation("Judgement: Good", [1], "stop")]
+
+    pairs = select_pairs(tree, 0.5, 0.2, 10)[:2]
+    with pytest.raises(ValueError, match="zip"):
+        critique_pairs(pairs, {"acacia_boat": tree}, OneAnswer(), chat, CritiqueSettings(), 4096,
+                       progress=False)  # fmt: skip
+    critique_pairs(pairs[:1], {"acacia_boat": tree}, PromptRecorder(), chat, CritiqueSettings(),
+                   4096, progress=True)  # fmt: skip
+    err = capsys.readouterr().err
+    assert "critique: 100%" in err and "pair/s]" in err
+    critique_pairs(pairs[:1], {"acacia_boat": tree}, PromptRecorder(), chat, CritiqueSettings(),
+                   4096, progress=False)  # fmt: skip
+    assert "critique" not in capsys.readouterr().err

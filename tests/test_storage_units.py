@@ -83,6 +83,10 @@ def test_writes_reads_and_listings(tmp_path):
     store = ArtifactStore(str(tmp_path))
     assert store.write_bytes(store.url("a", "b", "c.bin"), b"\x00\x01") == store.url("a/b/c.bin")
     assert (tmp_path / "a" / "b" / "c.bin").read_bytes() == b"\x00\x01"
+    store.write_bytes(store.url("a", "b", "e.bin"), b"\x02")  # into a folder that exists
+    store.write_text(store.url("a", "b", "f.txt"), "f")
+    store.remove(store.url("a", "b", "e.bin"))
+    store.remove(store.url("a", "b", "f.txt"))
     store.write_json(store.url("a", "d.json"), {"x": [1]})
     assert (tmp_path / "a" / "d.json").read_text() == '{\n  "x": [\n    1\n  ]\n}'
     assert store.read_json(store.url("a", "d.json")) == {"x": [1]}
