@@ -283,7 +283,7 @@ def test_a_critique_prompt_too_long_keeps_the_instruction_and_the_question(tree,
                     divergence=1)  # fmt: skip
     backend = PromptRecorder()
     settings = CritiqueSettings(max_tokens=16, history_steps=6)
-    critique_pairs([pair], {"acacia_boat": long_tree}, backend, chat, settings, 512,
+    critique_pairs([pair], {"acacia_boat": long_tree}, backend, CountingChat(chat), settings, 512,
                    progress=False)  # fmt: skip
     assert len(backend.prompts) == 2  # steps 1 and 2 of the bad path, both judged Good
     for prompt in backend.prompts:
@@ -444,3 +444,80 @@ def test_a_backend_answering_fewer_prompts_than_asked_is_an_error(tree, chat, ca
     critique_pairs(pairs[:1], {"acacia_boat": tree}, PromptRecorder(), chat, CritiqueSettings(),
                    4096, progress=False)  # fmt: skip
     assert "critique" not in capsys.readouterr().err
+
+
+class CountingChat:
+    """The chat tokenizer, refusing to render more than `limit` prompts (a shortening loop that
+    makes no progress fails at once instead of running forever)."""
+
+    def __init__(self, chat, limit: int = 200):
+        self._chat, self.calls, self.limit = chat, 0, limit
+
+    def __getattr__(self, name):
+        return getattr(self._chat, name)
+
+    def encode(self, messages):
+        self.calls += 1
+        if self.calls > self.limit:
+            raise RuntimeError(f"{self.calls} prompts rendered: the loop makes no progress")
+        return self._chat.encode(messages)
+
+
+class AlwaysGood(PromptRecorder):
+    def generate(self, prompts, sampling):
+        assert len(self.prompts) < 10, "judged the same steps again and again"
+        return super().generate(prompts, sampling)
+
+
+def test_each_step_of_the_bad_path_is_judged_once_in_order(tree, chat):
+    from flywheel.settings import CritiqueSettings
+
+    (pair,) = [p for p in select_pairs(tree, 0.5, 0.2, 10) if (p.good_leaf, p.bad_leaf) == (7, 5)]
+    backend = AlwaysGood()
+    (critique,) = critique_pairs([pair], {"acacia_boat": tree}, backend, chat, CritiqueSettings(),
+                                 4096, progress=False)  # fmt: skip
+    judged = [chat.tokenizer.decode(p).split("Step to judge:\nAction: ")[1].split("\n")[0]
+              for p in backend.prompts]  # fmt: skip
+    assert judged == ["get 1 a", "get 1 z", "inventory"]
+    assert critique.verdicts == ["good"] * 3 and critique.first_error is None
+
+
+def test_a_long_reply_without_an_action_is_cut_in_its_middle(tree, chat):
+    from flywheel.settings import CritiqueSettings
+
+    rambling = tree.model_copy(deep=True)
+    reply = "I wonder what to do. " + "Maybe this, maybe that. " * 200 + "I give up."
+    rambling.nodes[5].action, rambling.nodes[5].reply = None, reply
+    pair = PathPair(task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0,
+                    divergence=2)  # fmt: skip
+    backend, counting = PromptRecorder(), CountingChat(chat)
+    critique_pairs([pair], {"acacia_boat": rambling}, backend, counting,
+                   CritiqueSettings(max_tokens=16, history_steps=0), 400, progress=False)  # fmt: skip
+    (prompt,) = backend.prompts
+    text = chat.tokenizer.decode(prompt)
+    assert len(prompt) <= 400 - 16
+    assert "Step to judge:\nAction: I wonder what to do. Maybe" in text
+    assert ELIDED in text and "I give up.\nObservation: Inventory: a z" in text
+    assert "Task:\nCrafting commands: ...\n\nGoal: craft x.\n\n" in text  # short: kept whole
+
+
+def test_texts_of_at_most_32_characters_are_never_cut(tree, chat):
+    from flywheel.settings import CritiqueSettings
+    from tasks.critique import verifier_messages
+
+    short = tree.model_copy(deep=True)
+    short.nodes[0].observation = "Goal: craft one x. " + "y" * 13  # exactly 32 characters
+    assert len(short.nodes[0].observation) == 32
+    pair = PathPair(task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0,
+                    divergence=2)  # fmt: skip
+    judged = short.nodes[5]
+    whole = len(chat.encode(verifier_messages(short.nodes[0].observation, [], judged))[0])
+    cut = len(chat.encode(verifier_messages(shorten_middle(short.nodes[0].observation, 16), [],
+                                            judged))[0])  # fmt: skip
+    assert cut < whole
+    # Room for the prompt with the task cut to 16 characters, not for the whole task.
+    max_model_len = cut + len(chat.header_ids) + 16
+    with pytest.raises(ValueError, match="raise inference.max_model_len or lower critique.max_"):
+        critique_pairs([pair], {"acacia_boat": short}, PromptRecorder(), CountingChat(chat),
+                       CritiqueSettings(max_tokens=16, history_steps=0), max_model_len,
+                       progress=False)  # fmt: skip
