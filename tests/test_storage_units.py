@@ -357,3 +357,14 @@ def test_link_or_copy_keeps_an_existing_target_and_copies_where_it_cannot_link(
     link_or_copy(source, copy)
     assert copy.read_text() == "S" and not os.path.samefile(source, copy)
     assert Path(copy).stat().st_nlink == 1
+
+
+def test_a_folder_uploaded_to_a_local_store_keeps_its_tree(tmp_path):
+    source = tmp_path / "model"
+    (source / "a" / "b").mkdir(parents=True)
+    (source / "top.txt").write_text("T")
+    (source / "a" / "b" / "deep.txt").write_text("D")
+    store = ArtifactStore(str(tmp_path / "store"))
+    assert store.upload_dir(source, store.url("run", "m")) == store.url("run", "m")
+    assert (tmp_path / "store" / "run" / "m" / "top.txt").read_text() == "T"
+    assert (tmp_path / "store" / "run" / "m" / "a" / "b" / "deep.txt").read_text() == "D"
