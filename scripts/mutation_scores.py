@@ -1,7 +1,7 @@
 """Mutation score per module from a finished `mutmut run` (its mutants/*.meta files).
 
 score = killed / (mutants checked - equivalent), where "checked" leaves out mutants not run (a
-narrowed run) and counts survivors, mutants no test reaches and timeouts against the score.
+narrowed run; "generated" counts them all) and counts survivors, mutants no test reaches and timeouts against the score.
 "equivalent" are survivors named in tests/mutation_equivalents.md (a line "- `MUTANT_NAME`: why"):
 mutants no test can tell from the original; only those are discounted, and only while they
 survive (a listed mutant that a test kills counts as killed). Timeouts are listed apart: a mutant
@@ -48,22 +48,27 @@ def main(folder: str = "mutants", equivalents: str | None = None) -> int:
                 sum(c in NO_TESTS for c in codes),
                 sum(c in TIMEOUT for c in codes),
                 equivalent,
+                len(results),
             )
         )
     if not rows:
         print(f"no finished mutants under {folder}/")
         return 1
-    print("| module | mutants | killed | survived | no tests | timeout | equivalent | score |")
-    print("|---|---|---|---|---|---|---|---|")
-    for module, total, killed, survived, no_tests, timeout, equivalent in rows:
+    print(
+        "| module | generated | mutants | killed | survived | no tests | timeout | equivalent "
+        "| score |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for module, total, killed, survived, no_tests, timeout, equivalent, generated in rows:
         print(
-            f"| {module} | {total} | {killed} | {survived} | {no_tests} | {timeout} "
+            f"| {module} | {generated} | {total} | {killed} | {survived} | {no_tests} | {timeout} "
             f"| {equivalent} | {killed / total:.0%} |"
         )
     total = sum(r[1] for r in rows)
     killed = sum(r[2] for r in rows)
     equivalent = sum(r[6] for r in rows)
-    print(f"| all | {total} | {killed} | | | | {equivalent} | {killed / total:.0%} |")
+    generated = sum(r[7] for r in rows)
+    print(f"| all | {generated} | {total} | {killed} | | | | {equivalent} | {killed / total:.0%} |")
     return 0
 
 
