@@ -271,6 +271,18 @@ class ExploreSettings(Strict):
     temperature: float = Field(default=0.0, ge=0)
     samples_per_task: int = Field(default=1, ge=1)
     shards: int = Field(default=2, ge=1)  # mapped Prefect tasks
+    # Train tasks explored per round; None explores all of them every round (ETO's way). A
+    # smaller number explores the next slice of the list each round, wrapping around, so the
+    # rounds together still cover every task when exploring all of them is too slow.
+    tasks_per_round: int | None = Field(default=None, ge=1)
+
+    def tasks_for_round(self, task_ids: list[str], round_no: int) -> list[str]:
+        """The train tasks round `round_no` (1, 2, ...) explores."""
+        count = self.tasks_per_round
+        if count is None or count >= len(task_ids):
+            return list(task_ids)
+        start = (round_no - 1) * count
+        return [task_ids[(start + i) % len(task_ids)] for i in range(count)]
 
 
 class MCTSSettings(Strict):
