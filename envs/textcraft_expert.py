@@ -135,41 +135,33 @@ def solve(instruction: str) -> list[ExpertStep]:
             for count, name in recipe.inputs:
                 needed[resolve(name)] += count * crafts[item]
 
-    return _narrate(goal, order, recipe_of, resolve, needed, crafts)
-
-
-def _narrate(goal, order, recipe_of, resolve, needed, crafts) -> list[ExpertStep]:
-    """The plan as turns. The first thought works top-down from the goal, quoting each item's
-    recipe line, and lists the steps in the order they run; every later thought names its step in
-    that list. Each fact a thought states is then one lookup away, in the instruction or in the
-    first thought, which a small model learns to copy far sooner than it learns to resolve a whole
-    recipe tree silently (with terse thoughts, SFT on 99 tasks solved 1 of 26 held-out tasks)."""
-    reasons, steps = [], []  # reasons top-down; steps (description, action) in running order
-    for item in reversed(order):
-        if item not in recipe_of:
-            reasons.append(f"{item}: no recipe, get {needed[item]}")
-            continue
-        recipe = recipe_of[item]
-        inputs = ", ".join(f"{count} {resolve(name)}" for count, name in recipe.inputs)
-        times = f", {crafts[item]} times" if crafts[item] > 1 else ""
-        reasons.append(f"{item}: craft {recipe.count} {item} using {inputs}{times}")
+    plan = []
     for item in order:
         if item not in recipe_of:
-            steps.append((f"get {needed[item]} {item}", f"get {needed[item]} {item}"))
+            plan.append(
+                ExpertStep(
+                    f"I need {needed[item]} {item}, which no recipe makes, so I fetch it.",
+                    f"get {needed[item]} {item}",
+                )
+            )
             continue
         recipe = recipe_of[item]
         inputs = ", ".join(f"{count} {resolve(name)}" for count, name in recipe.inputs)
-        for i in range(crafts[item]):
-            again = f" ({i + 1} of {crafts[item]})" if crafts[item] > 1 else ""
-            steps.append((f"craft {item}{again}", f"craft {recipe.count} {item} using {inputs}"))
-    total = len(steps)
-    listing = "; ".join(f"{k}. {description}" for k, (description, _) in enumerate(steps, 1))
-    plan = []
-    for k, (description, action) in enumerate(steps, 1):
-        where = f"Step {k} of {total}: {description}" + (", the goal." if k == total else ".")
-        if k == 1:
-            where = f"{'; '.join(reasons)}. Plan: {listing}. {where}"
-        plan.append(ExpertStep(where, action))
+        action = f"craft {recipe.count} {item} using {inputs}"
+        times = crafts[item]
+        for i in range(times):
+            if item == goal:
+                thought = f"I have everything for the goal; craft {item} from {inputs}."
+            elif i == 0 and times == 1:
+                pronoun = "it" if needed[item] == 1 else "them"
+                thought = f"I need {needed[item]} {item}; craft {pronoun} from {inputs}."
+            elif i == 0:
+                thought = (
+                    f"I need {needed[item]} {item}; craft it {times} times, each from {inputs}."
+                )
+            else:
+                thought = f"Craft {item} again ({i + 1} of {times})."
+            plan.append(ExpertStep(thought, action))
     return plan
 
 
