@@ -24,7 +24,7 @@ from flywheel.campaign import new_round, run_campaign
 from flywheel.records import Campaign, Manifest
 from flywheel.rollout import agent_prefix, task_list
 from flywheel.runner import cli_main, recipe_config, run_tracked
-from flywheel.settings import AgentRConfig
+from flywheel.settings import AgentRConfig, round_slice
 from tasks.critique import critique_stage
 from tasks.evaluate import evaluate_stage
 from tasks.expert_data import expert_data_stage
@@ -111,8 +111,9 @@ class AgentRRun:
         cfg, store = self.cfg, self.store
         round_url = f"{self.run}/round-{round_no}"
         trees = mcts_stage(
-            store.root, policy_url, cfg.env, self.train_ids, self.prefix, cfg.inference,
-            cfg.mcts, cfg.seed + round_no, f"{round_url}/mcts",
+            store.root, policy_url, cfg.env,
+            round_slice(self.train_ids, cfg.mcts.tasks_per_round, round_no), self.prefix,
+            cfg.inference, cfg.mcts, cfg.seed + round_no, f"{round_url}/mcts",
         )  # fmt: skip
         paths = select_paths_stage(
             store.root, trees.files["trees"], cfg.paths.alpha_for(round_no), cfg.paths.beta,

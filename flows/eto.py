@@ -96,7 +96,8 @@ class ETORun:
         why there is none."""
         cfg, store = self.cfg, self.store
         round_url = f"{self.run}/round-{round_no}"
-        shards = shard(self.train_ids, cfg.explore.shards, cfg.explore.samples_per_task)
+        explored_ids = cfg.explore.tasks_for_round(self.train_ids, round_no)
+        shards = shard(explored_ids, cfg.explore.shards, cfg.explore.samples_per_task)
         explored = explore_stage.map(
             store.root, policy_url, unmapped(cfg.env), shards, unmapped(self.prefix),
             unmapped(cfg.inference), unmapped(cfg.explore), cfg.env.max_steps,

@@ -265,12 +265,29 @@ class DPOSettings(TrainerSettings):
         return DPOSettings(**{**base, **entry})
 
 
+def round_slice(task_ids: list[str], count: int | None, round_no: int) -> list[str]:
+    """Round `round_no`'s (1, 2, ...) share of the train tasks: all of them when `count` is None,
+    else the next `count` of the list, wrapping around, so rounds together cover every task."""
+    if count is None or count >= len(task_ids):
+        return list(task_ids)
+    start = (round_no - 1) * count
+    return [task_ids[(start + i) % len(task_ids)] for i in range(count)]
+
+
 class ExploreSettings(Strict):
     """Exploration of the train tasks; ETO explores each task once, greedily."""
 
     temperature: float = Field(default=0.0, ge=0)
     samples_per_task: int = Field(default=1, ge=1)
     shards: int = Field(default=2, ge=1)  # mapped Prefect tasks
+    # Train tasks explored per round; None explores all of them every round (ETO's way). A
+    # smaller number explores the next slice of the list each round (see `round_slice`), for
+    # when exploring all of them every round is too slow.
+    tasks_per_round: int | None = Field(default=None, ge=1)
+
+    def tasks_for_round(self, task_ids: list[str], round_no: int) -> list[str]:
+        """The train tasks round `round_no` (1, 2, ...) explores."""
+        return round_slice(task_ids, self.tasks_per_round, round_no)
 
 
 class MCTSSettings(Strict):
@@ -285,6 +302,9 @@ class MCTSSettings(Strict):
     # Build a child from its parent's snapshot (one environment step) where the environment can
     # snapshot; False replays the whole path from a fresh episode for every child (Agent-R's way).
     restore_state: bool = True
+    # Train tasks searched per round (one tree each); None searches all of them every round.
+    # A smaller number takes the next slice of the list each round (see `round_slice`).
+    tasks_per_round: int | None = Field(default=None, ge=1)
 
 
 class PathSettings(Strict):

@@ -206,3 +206,20 @@ def test_row_counts_add_up_over_many_rows(chat):
     assert counts == RowCounts(rows=4, rows_shortened=2, rows_dropped_too_long=2,
                                rows_dropped_no_loss=2)  # fmt: skip
     assert len(rows) == 4 and rows[1] == rows[3]  # `fits`, whole, twice
+
+
+def test_token_counts_forward_a_dpo_prompt_with_each_side():
+    from training.datasets import token_counts
+
+    sft = [{"input_ids": [1, 2, 3, 4], "assistant_masks": [0, 0, 1, 1]}]
+    assert token_counts(sft) == {"tokens_per_epoch": 4, "loss_tokens_per_epoch": 2}
+    dpo = [
+        {
+            "prompt_ids": [1, 2],
+            "chosen_ids": [3, 4, 5],
+            "chosen_mask": [1, 0, 1],
+            "rejected_ids": [6],
+            "rejected_mask": [1],
+        }
+    ]
+    assert token_counts(dpo) == {"tokens_per_epoch": 2 + 3 + 2 + 1, "loss_tokens_per_epoch": 3}
