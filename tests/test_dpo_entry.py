@@ -104,8 +104,14 @@ def test_train_hands_the_trainer_masked_rows_and_a_collator_cut_like_trl(tmp_pat
     ((trainer, tok, saved_job, rows),) = saved
     assert isinstance(trainer, Recorder) and loaded == ["m"]
     assert tok is tokenizer and saved_job is job and rows == 3
+    # Each side is forwarded with the prompt: the prompt counts twice per row.
+    tokens = sum(2 * len(r["prompt_ids"]) + len(r["chosen_ids"]) + len(r["rejected_ids"])
+                 for r in want_rows)  # fmt: skip
+    learned = sum(sum(r["chosen_mask"]) + sum(r["rejected_mask"]) for r in want_rows)
     assert metrics == {"train_loss": 0.25, "rows": 3, "rows_shortened": 1,
-                       "rows_dropped_too_long": 0, "rows_dropped_no_loss": 0}  # fmt: skip
+                       "rows_dropped_too_long": 0, "rows_dropped_no_loss": 0,
+                       "tokens_per_epoch": tokens, "loss_tokens_per_epoch": learned}  # fmt: skip
+    assert 0 < learned < tokens
 
 
 def test_train_keeps_a_pad_token_the_tokenizer_has(tmp_path, monkeypatch, recorded):
