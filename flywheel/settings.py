@@ -332,10 +332,33 @@ class PathSettings(Strict):
 
 
 class CritiqueSettings(Strict):
-    """The actor model judging a bad path step by step to find its first error."""
+    """The actor model judging a bad path step by step to find its first error.
 
-    max_tokens: int = Field(default=64, ge=1)  # per judgement
+    `likelihood` scores each candidate reply ("Judgement: Good", "Judgement: Bad", ...) with the
+    model's own log-probability and takes the most likely, so every step gets a verdict;
+    `generate` lets the model write a reply and parses a verdict from it, which a small model
+    often leaves out (the step then has none).
+    """
+
+    method: Literal["likelihood", "generate"] = "likelihood"
+    max_tokens: int = Field(default=64, ge=1)  # per generated judgement (method generate)
     history_steps: int = Field(default=6, ge=0)  # earlier steps shown before the judged one
+    # likelihood: the verdicts scored. Without "uncertain" the model must pick good or bad.
+    verdicts: list[Literal["good", "bad", "uncertain"]] = ["good", "bad", "uncertain"]
+    # likelihood: a winner at most this many nats (log-probability) ahead of the runner-up is
+    # a close call and becomes "uncertain" (the path goes on); 0 maps only exact ties.
+    margin: float = Field(default=0.0, ge=0.0)
+
+    @field_validator("verdicts")
+    @classmethod
+    def _two_distinct_verdicts(cls, verdicts: list[str]) -> list[str]:
+        if len(set(verdicts)) != len(verdicts) or len(verdicts) < 2:
+            raise ValueError(
+                "critique.verdicts needs at least two distinct verdicts of good, bad, uncertain"
+            )
+        if "bad" not in verdicts:
+            raise ValueError("critique.verdicts must include bad, or no first error is found")
+        return verdicts
 
 
 class RecipeConfig(Strict):

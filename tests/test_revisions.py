@@ -9,7 +9,7 @@ from flywheel.chat import format_reply
 from flywheel.inference import Generation
 from flywheel.mcts import Critique, PathPair, SearchTree, TreeNode, divergence
 from flywheel.records import Message
-from flywheel.settings import AgentRConfig, load_config
+from flywheel.settings import AgentRConfig, CritiqueSettings, load_config
 from tasks.critique import (
     ELIDED,
     VERIFIER_SYSTEM,
@@ -22,6 +22,9 @@ from tasks.critique import (
 from tasks.select_paths import select_good, select_pairs
 from tasks.splice import build_training_data, splice_revision
 from training.datasets import sft_rows
+
+# These tests cover the written critique: the model's reply and the verdict parsed from it.
+WRITTEN = CritiqueSettings(method="generate")
 
 
 def step(id, parent, depth, action, observation, **terminal):
@@ -169,11 +172,9 @@ class VerdictBackend:
 def test_critique_judges_from_the_divergence_in_lockstep_and_stops_at_the_first_bad(tree, chat):
     pairs = select_pairs(tree, 0.5, 0.2, 10)
     env = make_env("textcraft")
-    from flywheel.settings import CritiqueSettings
-
     backend = VerdictBackend(chat, bad_word="z")
     critiques = critique_pairs(
-        pairs, {"acacia_boat": tree}, backend, chat, CritiqueSettings(), 4096, progress=False
+        pairs, {"acacia_boat": tree}, backend, chat, WRITTEN, 4096, progress=False
     )
     by_pair = {(pairs[c.pair].good_leaf, pairs[c.pair].bad_leaf): c for c in critiques}
     to_5 = by_pair[(4, 5)]  # judged from step 1: "get 1 z" is bad at once
@@ -201,8 +202,6 @@ def test_textcraft_oracle_flags_wasted_steps():
 
 
 def test_the_oracles_first_error_is_searched_from_the_divergence(tree, chat):
-    from flywheel.settings import CritiqueSettings
-
     (pair,) = [p for p in select_pairs(tree, 0.5, 0.2, 10) if (p.good_leaf, p.bad_leaf) == (4, 5)]
     asked = []
 
@@ -212,18 +211,18 @@ def test_the_oracles_first_error_is_searched_from_the_divergence(tree, chat):
 
     backend = VerdictBackend(chat, bad_word="z")
     (critique,) = critique_pairs(
-        [pair], {"acacia_boat": tree}, backend, chat, CritiqueSettings(), 4096, oracle, False
+        [pair], {"acacia_boat": tree}, backend, chat, WRITTEN, 4096, oracle, False
     )
     assert asked == [("acacia_boat", ["get 1 a", "get 1 z", "inventory"])]
     assert critique.oracle and critique.oracle_first_error == 2
     (none_found,) = critique_pairs(
-        [pair], {"acacia_boat": tree}, backend, chat, CritiqueSettings(), 4096,
+        [pair], {"acacia_boat": tree}, backend, chat, WRITTEN, 4096,
         lambda task_id, actions: [True, False, False], False,
     )  # fmt: skip
     assert none_found.oracle and none_found.oracle_first_error is None
     # An environment without an oracle answers None: the critique says so.
     (no_oracle,) = critique_pairs(
-        [pair], {"acacia_boat": tree}, backend, chat, CritiqueSettings(), 4096,
+        [pair], {"acacia_boat": tree}, backend, chat, WRITTEN, 4096,
         lambda task_id, actions: None, False,
     )  # fmt: skip
     assert not no_oracle.oracle and no_oracle.oracle_first_error is None
@@ -245,21 +244,27 @@ def test_critique_metrics_on_hand_made_critiques():
         critique(["good", "bad"], 1, oracle=False),
     ]
     metrics = critique_metrics(critiques)
-    # 8 verdicts, 1 missing, 3 bad; 5 critiques judged something, 3 found an error; of the 3
-    # judged with an oracle, 2 agree with it and 2 have an oracle error.
+    # 8 verdicts: 4 good, 3 bad, 1 missing; 5 critiques judged something, 3 found an error; of
+    # the 3 judged with an oracle, 2 agree with it, 2 have an oracle error, 1 at the divergence.
     assert metrics == {
         "steps_judged": 8.0,
+        "verdicts_good": 4.0,
+        "verdicts_bad": 3.0,
+        "verdicts_uncertain": 0.0,
+        "verdicts_none": 1.0,
         "verdict_missing_rate": 1 / 8,
         "verdict_bad_rate": 3 / 8,
         "first_error_found_rate": 3 / 5,
         "first_error_oracle_agreement": 2 / 3,
         "oracle_error_found_rate": 2 / 3,
+        "oracle_error_at_divergence_rate": 1 / 3,
     }
     without_oracle = critique_metrics([c for c in critiques if not c.oracle])
     assert "first_error_oracle_agreement" not in without_oracle
     assert critique_metrics([]) == {
-        "steps_judged": 0.0, "verdict_missing_rate": 0.0, "verdict_bad_rate": 0.0,
-        "first_error_found_rate": 0.0,
+        "steps_judged": 0.0, "verdicts_good": 0.0, "verdicts_bad": 0.0,
+        "verdicts_uncertain": 0.0, "verdicts_none": 0.0, "verdict_missing_rate": 0.0,
+        "verdict_bad_rate": 0.0, "first_error_found_rate": 0.0,
     }  # fmt: skip
 
 
@@ -273,8 +278,6 @@ class PromptRecorder:
 
 
 def test_a_critique_prompt_too_long_keeps_the_instruction_and_the_question(tree, chat):
-    from flywheel.settings import CritiqueSettings
-
     recipes = "\n".join(f"craft 1 thing{i} using 1 stuff{i}" for i in range(400))
     long_tree = tree.model_copy(deep=True)
     long_tree.nodes[0].observation = f"Crafting commands:\n{recipes}\n\nGoal: craft x."
@@ -282,7 +285,7 @@ def test_a_critique_prompt_too_long_keeps_the_instruction_and_the_question(tree,
     pair = PathPair(task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0,
                     divergence=1)  # fmt: skip
     backend = PromptRecorder()
-    settings = CritiqueSettings(max_tokens=16, history_steps=6)
+    settings = WRITTEN.model_copy(update={"max_tokens": 16, "history_steps": 6})
     critique_pairs([pair], {"acacia_boat": long_tree}, backend, CountingChat(chat), settings, 512,
                    progress=False)  # fmt: skip
     assert len(backend.prompts) == 2  # steps 1 and 2 of the bad path, both judged Good
@@ -299,13 +302,12 @@ def test_a_critique_prompt_too_long_keeps_the_instruction_and_the_question(tree,
 
 
 def test_a_critique_prompt_that_cannot_fit_is_refused_with_the_setting_to_change(tree, chat):
-    from flywheel.settings import CritiqueSettings
-
     pair = PathPair(task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0,
                     divergence=1)  # fmt: skip
     with pytest.raises(ValueError, match="max_model_len"):
         critique_pairs([pair], {"acacia_boat": tree}, PromptRecorder(), chat,
-                       CritiqueSettings(max_tokens=16), 96, progress=False)  # fmt: skip
+                       WRITTEN.model_copy(update={"max_tokens": 16}), 96,
+                       progress=False)  # fmt: skip
 
 
 def test_shorten_middle_keeps_both_ends():
