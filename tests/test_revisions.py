@@ -369,7 +369,7 @@ def test_a_critique_prompt_uses_all_the_room_a_reply_leaves_and_greedy_sampling(
     pair = PathPair(
         task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0, divergence=2
     )  # fmt: skip  (one step judged: 5 "inventory")
-    settings = CritiqueSettings(max_tokens=16, history_steps=6)
+    settings = CritiqueSettings(method="generate", max_tokens=16, history_steps=6)
 
     def prompts(max_model_len, progress=False):
         backend = SamplingRecorder()
@@ -401,11 +401,11 @@ def test_pairs_are_drawn_with_seed_zero_unless_told_and_alpha_itself_is_good_eno
 
 
 def test_the_verifier_prompt_word_for_word():
-    from tasks.critique import verifier_messages
+    from tasks.critique import verifier_messages, verifier_question
 
     history = [step(1, 0, 1, "get 1 a", "Got 1 a"), step(2, 1, 2, None, "Invalid reply.")]
     judged = step(3, 2, 3, "craft 1 x using 1 a", "Crafted 1 x")
-    system, user = verifier_messages("Goal: craft x.", history, judged)
+    system, user = verifier_messages("Goal: craft x.", history, judged, verifier_question(WRITTEN))
     assert (system.role, system.content) == (
         "system",
         "You review an agent's work one step at a time and say whether a step was right.",
@@ -420,7 +420,7 @@ def test_the_verifier_prompt_word_for_word():
         "'Judgement: Good', 'Judgement: Bad' or 'Judgement: Uncertain'."
     )
     no_action = judged.model_copy(update={"action": None, "reply": "I think I should craft."})
-    (_, first) = verifier_messages("Goal: craft x.", [], no_action)
+    (_, first) = verifier_messages("Goal: craft x.", [], no_action, verifier_question(WRITTEN))
     assert first.content.startswith(
         "Task:\nGoal: craft x.\n\nEarlier steps:\n(none)\n\n"
         "Step to judge:\nAction: I think I should craft.\nObservation: Crafted 1 x\n\nWas this"
@@ -429,21 +429,19 @@ def test_the_verifier_prompt_word_for_word():
 
 
 def test_a_backend_answering_fewer_prompts_than_asked_is_an_error(tree, chat, capsys):
-    from flywheel.settings import CritiqueSettings
-
     class OneAnswer:
         def generate(self, prompts, sampling):
             return [Generation("Judgement: Good", [1], "stop")]
 
     pairs = select_pairs(tree, 0.5, 0.2, 10)[:2]
     with pytest.raises(ValueError, match="zip"):
-        critique_pairs(pairs, {"acacia_boat": tree}, OneAnswer(), chat, CritiqueSettings(), 4096,
+        critique_pairs(pairs, {"acacia_boat": tree}, OneAnswer(), chat, WRITTEN, 4096,
                        progress=False)  # fmt: skip
-    critique_pairs(pairs[:1], {"acacia_boat": tree}, PromptRecorder(), chat, CritiqueSettings(),
+    critique_pairs(pairs[:1], {"acacia_boat": tree}, PromptRecorder(), chat, WRITTEN,
                    4096, progress=True)  # fmt: skip
     err = capsys.readouterr().err
     assert "critique: 100%" in err and "pair/s]" in err
-    critique_pairs(pairs[:1], {"acacia_boat": tree}, PromptRecorder(), chat, CritiqueSettings(),
+    critique_pairs(pairs[:1], {"acacia_boat": tree}, PromptRecorder(), chat, WRITTEN,
                    4096, progress=False)  # fmt: skip
     assert "critique" not in capsys.readouterr().err
 
@@ -476,7 +474,7 @@ def test_each_step_of_the_bad_path_is_judged_once_in_order(tree, chat):
 
     (pair,) = [p for p in select_pairs(tree, 0.5, 0.2, 10) if (p.good_leaf, p.bad_leaf) == (7, 5)]
     backend = AlwaysGood()
-    (critique,) = critique_pairs([pair], {"acacia_boat": tree}, backend, chat, CritiqueSettings(),
+    (critique,) = critique_pairs([pair], {"acacia_boat": tree}, backend, chat, CritiqueSettings(method="generate"),
                                  4096, progress=False)  # fmt: skip
     judged = [chat.tokenizer.decode(p).split("Step to judge:\nAction: ")[1].split("\n")[0]
               for p in backend.prompts]  # fmt: skip
@@ -494,7 +492,7 @@ def test_a_long_reply_without_an_action_is_cut_in_its_middle(tree, chat):
                     divergence=2)  # fmt: skip
     backend, counting = PromptRecorder(), CountingChat(chat)
     critique_pairs([pair], {"acacia_boat": rambling}, backend, counting,
-                   CritiqueSettings(max_tokens=16, history_steps=0), 400, progress=False)  # fmt: skip
+                   CritiqueSettings(method="generate", max_tokens=16, history_steps=0), 400, progress=False)  # fmt: skip
     (prompt,) = backend.prompts
     text = chat.tokenizer.decode(prompt)
     assert len(prompt) <= 400 - 16
@@ -505,7 +503,7 @@ def test_a_long_reply_without_an_action_is_cut_in_its_middle(tree, chat):
 
 def test_texts_of_at_most_32_characters_are_never_cut(tree, chat):
     from flywheel.settings import CritiqueSettings
-    from tasks.critique import verifier_messages
+    from tasks.critique import verifier_messages, verifier_question
 
     short = tree.model_copy(deep=True)
     short.nodes[0].observation = "Goal: craft one x. " + "y" * 13  # exactly 32 characters
@@ -513,13 +511,17 @@ def test_texts_of_at_most_32_characters_are_never_cut(tree, chat):
     pair = PathPair(task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0,
                     divergence=2)  # fmt: skip
     judged = short.nodes[5]
-    whole = len(chat.encode(verifier_messages(short.nodes[0].observation, [], judged))[0])
+    whole = len(
+        chat.encode(
+            verifier_messages(short.nodes[0].observation, [], judged, verifier_question(WRITTEN))
+        )[0]
+    )
     cut = len(chat.encode(verifier_messages(shorten_middle(short.nodes[0].observation, 16), [],
-                                            judged))[0])  # fmt: skip
+                                            judged, verifier_question(WRITTEN)))[0])  # fmt: skip
     assert cut < whole
     # Room for the prompt with the task cut to 16 characters, not for the whole task.
     max_model_len = cut + len(chat.header_ids) + 16
     with pytest.raises(ValueError, match="raise inference.max_model_len or lower critique.max_"):
         critique_pairs([pair], {"acacia_boat": short}, PromptRecorder(), CountingChat(chat),
-                       CritiqueSettings(max_tokens=16, history_steps=0), max_model_len,
+                       CritiqueSettings(method="generate", max_tokens=16, history_steps=0), max_model_len,
                        progress=False)  # fmt: skip
