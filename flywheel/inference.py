@@ -190,17 +190,22 @@ class OpenAIBackend:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
-        return asyncio.run(self._generate_all(prompts, sampling))
+        return asyncio.run(
+            self._concurrently(
+                lambda client, i: self._complete(client, prompts[i], sampling, i), len(prompts)
+            )
+        )
 
-    async def _generate_all(self, prompts, sampling) -> list[Generation]:
+    async def _concurrently(self, request, count: int) -> list:
+        """`request(client, i)` for i in range(count), at most `max_concurrency` at once, in order."""
         limit = asyncio.Semaphore(self.max_concurrency)
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
 
-            async def one(index, prompt):
+            async def one(index):
                 async with limit:
-                    return await self._complete(client, prompt, sampling, index)
+                    return await request(client, index)
 
-            return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+            return await asyncio.gather(*(one(i) for i in range(count)))
 
     async def _complete(self, client, prompt, sampling, index: int = 0) -> Generation:
         body = {
@@ -230,17 +235,11 @@ class OpenAIBackend:
         returns the log-probability of every prompt token (vLLM's server supports it). A server
         that answers without them cannot score; use the in-process vLLM backend instead."""
         _check_scored(prompts, continuations)
-        return asyncio.run(self._score_all(prompts, continuations))
-
-    async def _score_all(self, prompts, continuations) -> list[float]:
-        limit = asyncio.Semaphore(self.max_concurrency)
-        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
-
-            async def one(prompt, continuation):
-                async with limit:
-                    return await self._score(client, prompt, continuation)
-
-            return await asyncio.gather(*map(one, prompts, continuations))
+        return asyncio.run(
+            self._concurrently(
+                lambda client, i: self._score(client, prompts[i], continuations[i]), len(prompts)
+            )
+        )
 
     async def _score(self, client, prompt: list[int], continuation: list[int]) -> float:
         body = {
