@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-scienceworld test test-fast mutation lint bench bench-mcts bench-env bench-train services deploy worker
+.PHONY: install demo demo-agent-r demo-scienceworld test test-fast mutation lint bench bench-mcts bench-env bench-train bench-efficacy services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -49,6 +49,10 @@ bench-env: install
 
 bench-train: install
 	$(PY) bench/train_throughput.py --tasks 16 --pairs 8 --out bench/results-train-throughput.md
+
+# ETO and Agent-R at a larger budget, 3 seeds (about 2 hours on 2 cores): bench/results-efficacy.md
+bench-efficacy: install
+	$(PY) bench/efficacy.py
 
 demo-scienceworld: install
 	$(PY) -m flows.eto --config configs/eto_scienceworld.yaml

@@ -48,8 +48,10 @@ VARIANTS = {
         "sft",
         {"packing": True, "packing_strategy": "bfd", "gradient_accumulation_steps": 1},
     ),
+    "sft, gradient checkpointing (trl's default)": ("sft", {"gradient_checkpointing": True}),
     "dpo": ("dpo", {}),  # as shipped: reference log-probs computed once, before training
     "dpo, reference forward every step": ("dpo", {"precompute_ref_log_probs": False}),
+    "dpo, gradient checkpointing (trl's default)": ("dpo", {"gradient_checkpointing": True}),
 }
 
 

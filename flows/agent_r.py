@@ -20,7 +20,7 @@ import sys
 from prefect import flow
 
 from flywheel.records import Manifest
-from flywheel.settings import AgentRConfig
+from flywheel.settings import AgentRConfig, round_slice
 from ops.driver import Recipe, RoundResult, RoundState, run_all_rounds, run_next_round
 from ops.runner import cli_main
 from tasks.critique import CritiqueInputs, critique_stage
@@ -47,7 +47,9 @@ class AgentR(Recipe):
         cfg, n, policy = self.cfg, state.round, state.policy
         trees = mcts_stage(
             MCTSInputs(
-                model_url=policy, env=cfg.env, task_ids=self.train_ids, prefix=self.prefix,
+                model_url=policy, env=cfg.env,
+                task_ids=round_slice(self.train_ids, cfg.mcts.tasks_per_round, n),
+                prefix=self.prefix,
                 inference=cfg.inference, settings=cfg.mcts, seed=cfg.seed + n,
             ),
             self.out(f"round-{n}/mcts", f"round-{n}"),

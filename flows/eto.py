@@ -48,7 +48,8 @@ class ETO(Recipe):
         """Explore the train tasks with the policy → pair each exploration with the expert's
         trajectory on its task → DPO on the pairs."""
         cfg, n = self.cfg, state.round
-        shards = shard(self.train_ids, cfg.explore.shards, cfg.explore.samples_per_task)
+        explored_ids = cfg.explore.tasks_for_round(self.train_ids, n)
+        shards = shard(explored_ids, cfg.explore.shards, cfg.explore.samples_per_task)
         explored = explore_stage.map(
             [
                 ExploreInputs(

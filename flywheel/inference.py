@@ -2,7 +2,8 @@
 
 Both take token-id prompts and return the generated token ids, so a rollout stores exactly what
 the model produced. One `generate` call takes every live episode's prompt: batching is the
-caller's job, and the backend keeps it a single batch.
+caller's job, and the backend keeps it a single batch. `score` is the teacher-forced
+counterpart: the log-probability the model gives fixed continuations, one batch per call.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ class InferenceBackend(Protocol):
     def generate(
         self, prompts: list[list[int]], sampling: SamplingSettings
     ) -> list[Generation]: ...
+
+    def score(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[float]:
+        """The summed natural-log probability of each continuation's tokens, each predicted
+        after its prompt and the continuation tokens before it."""
+        ...
 
     def close(self) -> None: ...
 
@@ -125,6 +131,31 @@ class VLLMBackend:
             for o in outputs
         ]
 
+    def score(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[float]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        _check_scored(prompts, continuations)
+        # prompt_logprobs=0: the log-probability of each prompt token itself, from the raw
+        # logits (no temperature); vLLM then skips the prefix cache for the request, as a cached
+        # block would have no logprobs. max_tokens=1: one token is generated and ignored.
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outputs = self.llm.generate(
+            [
+                TokensPrompt(prompt_token_ids=p + c)
+                for p, c in zip(prompts, continuations, strict=True)
+            ],
+            params,
+            use_tqdm=False,
+        )
+        scores = []
+        for output, prompt, continuation in zip(outputs, prompts, continuations, strict=True):
+            positions = output.prompt_logprobs[len(prompt) : len(prompt) + len(continuation)]
+            scores.append(
+                sum(at[token].logprob for at, token in zip(positions, continuation, strict=True))
+            )
+        return scores
+
     def close(self) -> None:
         engine = getattr(self.llm, "llm_engine", None)
         shutdown = getattr(engine, "shutdown", None) or getattr(
@@ -159,17 +190,22 @@ class OpenAIBackend:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
-        return asyncio.run(self._generate_all(prompts, sampling))
+        return asyncio.run(
+            self._concurrently(
+                lambda client, i: self._complete(client, prompts[i], sampling, i), len(prompts)
+            )
+        )
 
-    async def _generate_all(self, prompts, sampling) -> list[Generation]:
+    async def _concurrently(self, request, count: int) -> list:
+        """`request(client, i)` for i in range(count), at most `max_concurrency` at once, in order."""
         limit = asyncio.Semaphore(self.max_concurrency)
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
 
-            async def one(index, prompt):
+            async def one(index):
                 async with limit:
-                    return await self._complete(client, prompt, sampling, index)
+                    return await request(client, index)
 
-            return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+            return await asyncio.gather(*(one(i) for i in range(count)))
 
     async def _complete(self, client, prompt, sampling, index: int = 0) -> Generation:
         body = {
@@ -194,8 +230,50 @@ class OpenAIBackend:
             token_ids = self.tokenizer(choice["text"], add_special_tokens=False)["input_ids"]
         return Generation(choice["text"], list(token_ids), choice.get("finish_reason") or "stop")
 
+    def score(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[float]:
+        """Scores with the legacy completions API: `echo` with `logprobs` and `max_tokens` 0
+        returns the log-probability of every prompt token (vLLM's server supports it). A server
+        that answers without them cannot score; use the in-process vLLM backend instead."""
+        _check_scored(prompts, continuations)
+        return asyncio.run(
+            self._concurrently(
+                lambda client, i: self._score(client, prompts[i], continuations[i]), len(prompts)
+            )
+        )
+
+    async def _score(self, client, prompt: list[int], continuation: list[int]) -> float:
+        body = {
+            "model": self.model,
+            "prompt": prompt + continuation,
+            "max_tokens": 0,
+            "echo": True,
+            "logprobs": 0,
+            "temperature": 0.0,
+        }
+        response = await client.post(f"{self.base_url}/v1/completions", json=body)
+        if response.status_code != 200:
+            raise RuntimeError(
+                f"inference server {self.base_url} answered {response.status_code}: {response.text[:300]}"
+            )
+        logprobs = (response.json()["choices"][0].get("logprobs") or {}).get("token_logprobs")
+        if not logprobs or len(logprobs) < len(prompt) + len(continuation):
+            raise NotImplementedError(
+                f"inference server {self.base_url} returned no prompt log-probabilities for "
+                "echo=true, logprobs=0, max_tokens=0: it cannot score continuations; run the "
+                "stage with inference.backend: vllm (in process) or critique.method: generate"
+            )
+        return float(sum(logprobs[len(prompt) : len(prompt) + len(continuation)]))
+
     def close(self) -> None:
         pass
+
+
+def _check_scored(prompts: list[list[int]], continuations: list[list[int]]) -> None:
+    """The first token has no prediction to score, and an empty continuation nothing to score."""
+    if len(prompts) != len(continuations):
+        raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+    if any(not p for p in prompts) or any(not c for c in continuations):
+        raise ValueError("scoring needs a non-empty prompt and a non-empty continuation")
 
 
 _engine_lock = threading.Lock()
@@ -240,3 +318,7 @@ class LockedVLLM(VLLMBackend):
     def generate(self, prompts, sampling):
         with self._lock:
             return super().generate(prompts, sampling)
+
+    def score(self, prompts, continuations):
+        with self._lock:
+            return super().score(prompts, continuations)

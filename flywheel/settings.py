@@ -278,12 +278,29 @@ class DPOSettings(TrainerSettings):
         return DPOSettings(**{**base, **entry})
 
 
+def round_slice(task_ids: list[str], count: int | None, round_no: int) -> list[str]:
+    """Round `round_no`'s (1, 2, ...) share of the train tasks: all of them when `count` is None,
+    else the next `count` of the list, wrapping around, so rounds together cover every task."""
+    if count is None or count >= len(task_ids):
+        return list(task_ids)
+    start = (round_no - 1) * count
+    return [task_ids[(start + i) % len(task_ids)] for i in range(count)]
+
+
 class ExploreSettings(Strict):
     """Exploration of the train tasks; ETO explores each task once, greedily."""
 
     temperature: float = Field(default=0.0, ge=0)
     samples_per_task: int = Field(default=1, ge=1)
     shards: int = Field(default=2, ge=1)  # mapped Prefect tasks
+    # Train tasks explored per round; None explores all of them every round (ETO's way). A
+    # smaller number explores the next slice of the list each round (see `round_slice`), for
+    # when exploring all of them every round is too slow.
+    tasks_per_round: int | None = Field(default=None, ge=1)
+
+    def tasks_for_round(self, task_ids: list[str], round_no: int) -> list[str]:
+        """The train tasks round `round_no` (1, 2, ...) explores."""
+        return round_slice(task_ids, self.tasks_per_round, round_no)
 
 
 class MCTSSettings(Strict):
@@ -298,6 +315,9 @@ class MCTSSettings(Strict):
     # Build a child from its parent's snapshot (one environment step) where the environment can
     # snapshot; False replays the whole path from a fresh episode for every child (Agent-R's way).
     restore_state: bool = True
+    # Train tasks searched per round (one tree each); None searches all of them every round.
+    # A smaller number takes the next slice of the list each round (see `round_slice`).
+    tasks_per_round: int | None = Field(default=None, ge=1)
 
 
 class PathSettings(Strict):
@@ -325,10 +345,33 @@ class PathSettings(Strict):
 
 
 class CritiqueSettings(Strict):
-    """The actor model judging a bad path step by step to find its first error."""
+    """The actor model judging a bad path step by step to find its first error.
 
-    max_tokens: int = Field(default=64, ge=1)  # per judgement
+    `likelihood` scores each candidate reply ("Judgement: Good", "Judgement: Bad", ...) with the
+    model's own log-probability and takes the most likely, so every step gets a verdict;
+    `generate` lets the model write a reply and parses a verdict from it, which a small model
+    often leaves out (the step then has none).
+    """
+
+    method: Literal["likelihood", "generate"] = "likelihood"
+    max_tokens: int = Field(default=64, ge=1)  # per generated judgement (method generate)
     history_steps: int = Field(default=6, ge=0)  # earlier steps shown before the judged one
+    # likelihood: the verdicts scored. Without "uncertain" the model must pick good or bad.
+    verdicts: list[Literal["good", "bad", "uncertain"]] = ["good", "bad", "uncertain"]
+    # likelihood: a winner at most this many nats (log-probability) ahead of the runner-up is
+    # a close call and becomes "uncertain" (the path goes on); 0 maps only exact ties.
+    margin: float = Field(default=0.0, ge=0.0)
+
+    @field_validator("verdicts")
+    @classmethod
+    def _two_distinct_verdicts(cls, verdicts: list[str]) -> list[str]:
+        if len(set(verdicts)) != len(verdicts) or len(verdicts) < 2:
+            raise ValueError(
+                "critique.verdicts needs at least two distinct verdicts of good, bad, uncertain"
+            )
+        if "bad" not in verdicts:
+            raise ValueError("critique.verdicts must include bad, or no first error is found")
+        return verdicts
 
 
 class RecipeConfig(Strict):

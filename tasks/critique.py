@@ -1,9 +1,14 @@
 """Stage: the actor model finds the first error of each pair's bad path (Agent-R's critique).
 
-The model judges the bad path one step at a time with a verifier prompt and answers Good, Bad or
-Uncertain; the first Bad step ends the bad prefix. Judging starts where the bad path leaves the
-good one: the steps before are on a path that reached a good leaf. Pairs are judged in lockstep,
-one generate call per step position for all pairs still undecided.
+The model judges the bad path one step at a time with a verifier prompt: Good, Bad or Uncertain;
+the first Bad step ends the bad prefix. Judging starts where the bad path leaves the good one:
+the steps before are on a path that reached a good leaf. Pairs are judged in lockstep, one
+backend call per step position for all pairs still undecided.
+
+By default (`critique.method: likelihood`) the verdict is the reply the model itself finds most
+likely among "Judgement: Good", "Judgement: Bad" and "Judgement: Uncertain", each scored with its
+log-probability after the prompt: every step gets a verdict, where a 135M model asked to write
+one almost never writes a parsable answer. `generate` keeps the written reply and its parse.
 
 Where the environment has an oracle (TextCraft: a step is a mistake when it is wasted), the
 stage reports how often the model's first error is the oracle's.
@@ -26,6 +31,12 @@ from flywheel.settings import CritiqueSettings, EnvSettings, InferenceSettings
 from flywheel.stage import StageResult, StageRun, stage
 
 VERIFIER_SYSTEM = "You review an agent's work one step at a time and say whether a step was right."
+VERDICTS = ("good", "bad", "uncertain")  # the order the question lists them in
+VERDICT_MEANINGS = {
+    "good": "good (it brings the goal closer)",
+    "bad": "bad (it fails, wastes the turn or leads away from the goal)",
+    "uncertain": "uncertain",
+}
 ELIDED = " [...] "  # marks the middle cut out of a text too long for the prompt
 MIN_SHORTENED_CHARS = 32  # a text is not cut below this; the prompt is refused instead
 
@@ -46,6 +57,25 @@ def parse_judgement(text: str) -> str | None:
     return matches[-1].lower() if matches else None
 
 
+def verdict_reply(verdict: str) -> str:
+    """The one-line reply that states `verdict`: "Judgement: Good"."""
+    return f"Judgement: {verdict.capitalize()}"
+
+
+def choose_verdict(scores: dict[str, float], margin: float = 0.0) -> str:
+    """The verdict whose reply has the highest log-probability in `scores`.
+
+    A winner no more than `margin` nats ahead of the runner-up is a close call: "uncertain", so
+    the path goes on as it does after an Uncertain verdict. With margin 0 only an exact tie is.
+    """
+    if len(scores) < 2:
+        raise ValueError("choosing a verdict needs the scores of at least two verdicts")
+    best, runner_up = sorted(scores.values(), reverse=True)[:2]
+    if best - runner_up <= margin:
+        return "uncertain"
+    return max(scores, key=scores.__getitem__)
+
+
 def first_error(verdicts: list[str | None], offset: int = 0) -> int | None:
     """Step index (plus `offset`) of the first "bad" verdict, or None."""
     for i, verdict in enumerate(verdicts):
@@ -54,16 +84,31 @@ def first_error(verdicts: list[str | None], offset: int = 0) -> int | None:
     return None
 
 
-def verifier_messages(instruction: str, history: list[TreeNode], step: TreeNode) -> list[Message]:
+def verifier_question(settings: CritiqueSettings) -> str:
+    """What the verifier is asked about the judged step: the verdicts it may give, and for
+    `generate` a sentence of reasoning before the verdict line."""
+    verdicts = [v for v in VERDICTS if settings.method == "generate" or v in settings.verdicts]
+    listed = [VERDICT_MEANINGS[v] for v in verdicts]
+    replies = [f"'{verdict_reply(v)}'" for v in verdicts]
+    asked = f"Was this step {', '.join(listed[:-1])} or {listed[-1]}?"
+    if settings.method == "generate":
+        return (
+            f"{asked} Reason in one sentence, then end with one line: "
+            f"{', '.join(replies[:-1])} or {replies[-1]}."
+        )
+    return f"{asked} Answer with one line: {', '.join(replies[:-1])} or {replies[-1]}."
+
+
+def verifier_messages(
+    instruction: str, history: list[TreeNode], step: TreeNode, question: str
+) -> list[Message]:
     earlier = "\n".join(f"Action: {n.action}\nObservation: {n.observation}" for n in history)
     prompt = (
         f"Task:\n{instruction}\n\n"
         f"Earlier steps:\n{earlier or '(none)'}\n\n"
         f"Step to judge:\nAction: {step.action if step.action is not None else step.reply}\n"
         f"Observation: {step.observation}\n\n"
-        "Was this step good (it brings the goal closer), bad (it fails, wastes the turn or leads "
-        "away from the goal) or uncertain? Reason in one sentence, then end with one line: "
-        "'Judgement: Good', 'Judgement: Bad' or 'Judgement: Uncertain'."
+        f"{question}"
     )
     return [
         Message(role="system", content=VERIFIER_SYSTEM),
@@ -99,17 +144,20 @@ def critique_pairs(
         tree = trees[pair.task_id]
         steps = tree.path(pair.bad_leaf)[1:]
         reviews.append(_Review(i, pair, tree, steps, pair.divergence, [], []))
-    sampling = SamplingSettings(temperature=0.0, max_tokens=settings.max_tokens)
-    room = max_model_len - len(chat.header_ids) - settings.max_tokens
+    if settings.method == "likelihood":
+        judge = _LikelihoodJudge(backend, chat, settings)
+    else:
+        judge = _GenerateJudge(backend, settings)
+    question = verifier_question(settings)
+    room = max_model_len - len(chat.header_ids) - judge.reply_room
     active = [r for r in reviews if r.at < len(r.steps)]
     bar = tqdm(total=len(reviews), desc="critique", unit="pair", disable=not progress)
     bar.update(len(reviews) - len(active))
     while active:
-        prompts = [_prompt_ids(r, chat, settings.history_steps, room) for r in active]
-        for review, generation in zip(active, backend.generate(prompts, sampling), strict=True):
-            verdict = parse_judgement(generation.text)
+        prompts = [_prompt_ids(r, chat, settings, question, room) for r in active]
+        for review, (verdict, response) in zip(active, judge(prompts), strict=True):
             review.verdicts.append(verdict)
-            review.responses.append(generation.text)
+            review.responses.append(response)
             review.at += 1
             review.decided = verdict == "bad" or review.at >= len(review.steps)
             bar.update(int(review.decided))
@@ -118,15 +166,60 @@ def critique_pairs(
     return [_critique(r, oracle) for r in reviews]
 
 
-def _prompt_ids(review: _Review, chat: ChatTokenizer, history_steps: int, room: int) -> list[int]:
+class _GenerateJudge:
+    """The model writes its judgement; the verdict is parsed from it (None without one)."""
+
+    def __init__(self, backend: InferenceBackend, settings: CritiqueSettings):
+        self.backend = backend
+        self.sampling = SamplingSettings(temperature=0.0, max_tokens=settings.max_tokens)
+        self.reply_room = settings.max_tokens
+
+    def __call__(self, prompts: list[list[int]]) -> list[tuple[str | None, str]]:
+        generations = self.backend.generate(prompts, self.sampling)
+        return [(parse_judgement(g.text), g.text) for g in generations]
+
+
+class _LikelihoodJudge:
+    """Each verdict's reply, ended as a finished turn, is scored after the prompt; one score
+    call covers every prompt and verdict. The response records the scores."""
+
+    def __init__(self, backend: InferenceBackend, chat: ChatTokenizer, settings: CritiqueSettings):
+        self.backend = backend
+        self.margin = settings.margin
+        self.verdicts = list(settings.verdicts)
+        # The turn's end is scored too: the reply is the verdict line and nothing after it, so a
+        # verdict word that would go on ("Bad" -> "Badly") is not credited as a verdict.
+        end = chat.turn_end.strip()
+        self.replies = {
+            v: chat.tokenizer(verdict_reply(v) + end, add_special_tokens=False)["input_ids"]
+            for v in self.verdicts
+        }
+        self.reply_room = max(map(len, self.replies.values())) + 1  # vLLM generates one token
+
+    def __call__(self, prompts: list[list[int]]) -> list[tuple[str | None, str]]:
+        asked = [(p, self.replies[v]) for p in prompts for v in self.verdicts]
+        flat = self.backend.score([p for p, _ in asked], [c for _, c in asked])
+        n = len(self.verdicts)
+        judged = []
+        for i in range(len(prompts)):
+            scores = dict(zip(self.verdicts, flat[i * n : (i + 1) * n], strict=True))
+            verdict = choose_verdict(scores, self.margin)
+            shown = ", ".join(f"{v} {score:.3f}" for v, score in scores.items())
+            judged.append((verdict, f"{verdict_reply(verdict)} (log-probabilities: {shown})"))
+        return judged
+
+
+def _prompt_ids(
+    review: _Review, chat: ChatTokenizer, settings: CritiqueSettings, question: str, room: int
+) -> list[int]:
     """The verifier prompt within `room` tokens. The oldest history goes first; then the longest
     of the task, the judged step's observation and its reply (when it had no action) is cut in
     its middle, so the system message, the task's start and end and the question are kept."""
-    history = review.steps[max(0, review.at - history_steps) : review.at]
+    history = review.steps[max(0, review.at - settings.history_steps) : review.at]
     instruction = review.tree.nodes[0].observation
     step = review.steps[review.at]
     while True:
-        ids, _ = chat.encode(verifier_messages(instruction, history, step))
+        ids, _ = chat.encode(verifier_messages(instruction, history, step, question))
         if len(ids) <= room:
             return ids + chat.header_ids
         if history:
@@ -137,9 +230,10 @@ def _prompt_ids(review: _Review, chat: ChatTokenizer, history_steps: int, room: 
             texts["reply"] = step.reply
         longest = max(texts, key=lambda name: len(texts[name]))
         if len(texts[longest]) <= MIN_SHORTENED_CHARS:
+            fix = "lower critique.max_tokens" if settings.method == "generate" else ""
             raise ValueError(
                 f"the critique prompt does not fit in max_model_len (room for {room} tokens "
-                "before the reply): raise inference.max_model_len or lower critique.max_tokens"
+                f"before the reply): raise inference.max_model_len{' or ' + fix if fix else ''}"
             )
         shorter = shorten_middle(texts[longest], len(texts[longest]) // 2)
         if longest == "instruction":
@@ -182,6 +276,9 @@ def critique_metrics(critiques: list[Critique]) -> dict[str, float]:
     with_oracle = [c for c in judged if c.oracle]
     metrics = {
         "steps_judged": float(len(verdicts)),
+        # Counts by kind; "none" (no verdict) stays 0 with the likelihood critique.
+        **{f"verdicts_{kind}": float(verdicts.count(kind)) for kind in VERDICTS},
+        "verdicts_none": float(verdicts.count(None)),
         "verdict_missing_rate": _share(verdicts, lambda v: v is None),
         "verdict_bad_rate": _share(verdicts, lambda v: v == "bad"),
         "first_error_found_rate": _share(judged, lambda c: c.first_error is not None),
@@ -192,6 +289,10 @@ def critique_metrics(critiques: list[Critique]) -> dict[str, float]:
         )
         metrics["oracle_error_found_rate"] = _share(
             with_oracle, lambda c: c.oracle_first_error is not None
+        )
+        # The agreement of a critic that calls every first judged step bad: the bar to beat.
+        metrics["oracle_error_at_divergence_rate"] = _share(
+            with_oracle, lambda c: c.oracle_first_error == c.judged_from
         )
     return metrics
 

@@ -42,13 +42,41 @@ def tiny_model_dir(base_model_dir) -> Path:
     return make_tiny_model(Path(os.environ["FLYWHEEL_CACHE"]) / "models" / "tiny", base_model_dir)
 
 
-@pytest.fixture(scope="session")
-def chat(base_model_dir):
+def _load_tokenizer(model_dir):
     from transformers import AutoTokenizer
 
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+# Under mutmut (it sets MUTANT_UNDER_TEST) a fork server imports this file once, then forks one
+# child per mutant, whose timeout is worked out from the tests' own run time alone. Loading the
+# tokenizer (and transformers) here, once, spares each child seconds of its timeout on a busy
+# machine; the ChatTokenizer itself is still built in the child, from the mutated code.
+# Its children end with os._exit or a kill, possibly while tqdm's lock is held: tqdm's default
+# lock is a multiprocessing semaphore that every child shares, so one child ending inside it
+# (tqdm's monitor thread takes it every few seconds) leaves every later child waiting on it
+# forever. Under mutmut tqdm gets a per-process lock and no monitor thread.
+_PRELOADED_TOKENIZER = None
+if "MUTANT_UNDER_TEST" in os.environ:
+    import threading
+
+    from tqdm import tqdm as _tqdm
+
+    _tqdm.set_lock(threading.RLock())
+    _tqdm.monitor_interval = 0
+
+    from flywheel.model import convert_base_model as _convert
+
+    _PRELOADED_TOKENIZER = _load_tokenizer(
+        _convert(Path(os.environ["FLYWHEEL_CACHE"]) / "models" / "smollm2-135m")
+    )
+
+
+@pytest.fixture(scope="session")
+def chat(base_model_dir):
     from flywheel.chat import ChatTokenizer
 
-    return ChatTokenizer(AutoTokenizer.from_pretrained(base_model_dir))
+    return ChatTokenizer(_PRELOADED_TOKENIZER or _load_tokenizer(base_model_dir))
 
 
 @pytest.fixture(scope="module")

@@ -4,14 +4,19 @@ round on a deployment is in test_deployments.py."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 import threading
 import time
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 
-from flywheel.records import Campaign
+from flywheel.records import Campaign, CampaignRound
 from flywheel.settings import ETOConfig
 from flywheel.storage import ArtifactStore
 from ops.campaign import load_campaign, new_round, run_campaign, slot_name
@@ -82,3 +87,106 @@ def test_slot_names_differ_per_store_and_run(tmp_path):
     # The same campaign on the same store always takes the same slot.
     assert slot_name(ArtifactStore(str(tmp_path / "a")), "eto/x") == names[0]
     assert names[0].startswith("flywheel-campaign-eto-x-") and "/" not in names[0]
+
+
+class Recorder:
+    """What `run_campaign` takes and in which order: the slot, the run lock, the round."""
+
+    def __init__(self, monkeypatch, store):
+        import ops.campaign as campaign_module
+
+        self.events: list = []
+        self.store = store
+        events = self.events
+
+        @contextmanager
+        def slot(store_, run_name):
+            events.append(("slot", store_.root, run_name))
+            yield
+            events.append(("slot freed",))
+
+        class Lock:
+            def __init__(self, root, run_name):
+                events.append(("lock", root, run_name))
+
+            @contextmanager
+            def hold(self, break_lock):
+                events.append(("hold", break_lock))
+                yield
+                events.append(("lock freed",))
+
+        def tracked(cfg, next_round, campaign, *, store, locked):
+            events.append(("tracked", store is self.store, locked))
+            return next_round(cfg, store, "tracking", campaign)
+
+        monkeypatch.setattr(campaign_module, "preflight", lambda cfg: store)
+        monkeypatch.setattr(campaign_module, "campaign_slot", slot)
+        monkeypatch.setattr(campaign_module, "RunLock", Lock)
+        monkeypatch.setattr(campaign_module, "run_tracked", tracked)
+
+
+def quick_round(cfg, store, tracking, campaign: Campaign) -> Campaign:
+    number = len(campaign.rounds)
+    published = CampaignRound(round=number, policy=f"policy-{number}", published_at="t")
+    return campaign.model_copy(update={"rounds": [*campaign.rounds, published]})
+
+
+def test_a_campaign_run_publishes_one_round_under_its_slot_and_lock(tmp_path, monkeypatch, capsys):
+    store = ArtifactStore(str(tmp_path))
+    recorder = Recorder(monkeypatch, store)
+    cfg = SimpleNamespace(run_name="camp", rounds=1, break_lock=True)
+    state = run_campaign(cfg, "eto", quick_round)
+    assert state.is_completed() and state.message == "campaign 'camp': published round 0"
+    assert state.data == {"round": 0, "policy": "policy-0", "evaluations": [], "notes": [],
+                          "flow_run_id": None, "published_at": "t"}  # fmt: skip
+    assert recorder.events == [
+        ("slot", store.root, "camp"), ("lock", store.root, "camp"), ("hold", True),
+        ("tracked", True, True), ("lock freed",), ("slot freed",),
+    ]  # fmt: skip
+    assert capsys.readouterr().out == "campaign 'camp': published round 0\n"
+    saved = store.url("camp", "campaign.json")
+    assert load_campaign(store, "camp", "eto") == Campaign(
+        name="camp",
+        recipe="eto",
+        rounds=[CampaignRound(round=0, policy="policy-0", published_at="t")],
+    )
+    assert store.read_text(saved) == load_campaign(store, "camp", "eto").model_dump_json(indent=2)
+    assert store.list_files(store.url("camp")) == [saved]  # no temporary file left
+
+    second = run_campaign(cfg, "eto", quick_round)
+    assert second.message == "campaign 'camp': published round 1"
+    assert [r.round for r in load_campaign(store, "camp", "eto").rounds] == [0, 1]
+    recorder.events.clear()
+    capsys.readouterr()
+    done = run_campaign(cfg, "eto", quick_round)  # rounds 0..1 exist
+    message = (
+        "campaign 'camp': rounds 0..1 are published; nothing new to do (raise `rounds` to "
+        "continue it)"
+    )
+    assert done.is_completed() and done.message == message and done.data is None
+    assert capsys.readouterr().out == message + "\n"
+    assert ("tracked", True, True) not in recorder.events
+    assert len(load_campaign(store, "camp", "eto").rounds) == 2
+
+
+def test_a_new_round_records_its_policy_evaluations_notes_and_time():
+    before = datetime.now(UTC).replace(microsecond=0)
+    published = new_round(3, "s3://b/policy", iter([]), ("a", "b"))
+    assert (published.round, published.policy, published.evaluations, published.notes) == (
+        3, "s3://b/policy", [], ["a", "b"]
+    )  # fmt: skip
+    assert published.flow_run_id is None  # outside a flow run
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", published.published_at)
+    after = datetime.now(UTC)
+    assert before <= datetime.fromisoformat(published.published_at) <= after
+    assert new_round(0, "p", []).notes == []
+
+
+def test_a_campaign_not_started_is_empty_and_the_slot_name_is_the_run_and_a_digest(tmp_path):
+    store = ArtifactStore(str(tmp_path))
+    assert load_campaign(store, "new", "agent-r") == Campaign(name="new", recipe="agent-r")
+    digest = hashlib.sha1(f"file://{tmp_path}/eto/x y".encode()).hexdigest()[:8]
+    assert slot_name(store, "eto/x y") == f"flywheel-campaign-eto-x-y-{digest}"
+    assert slot_name(store, "a.b_c-d") == (
+        "flywheel-campaign-a.b_c-d-" + hashlib.sha1(store.url("a.b_c-d").encode()).hexdigest()[:8]
+    )

@@ -1,3 +1,5 @@
+import pytest
+
 from flywheel.chat import FORMAT_HINT, parse_reply
 from flywheel.records import Message
 
@@ -79,3 +81,129 @@ def test_a_turn_end_the_model_did_not_generate_carries_no_loss(chat):
     # A turn without loss learns nothing, its end included.
     quiet = ended.model_copy(update={"loss": False})
     assert chat.message_ids(quiet)[1] == [0] * (header + len(reply) + end)
+
+
+class CharTokenizer:
+    """One token per character (its code point) and a ChatML-like template written out here,
+    so every id ChatTokenizer derives from the template can be worked out by hand."""
+
+    eos_token_id = 2
+
+    def __init__(self, template=None, pad_token_id=None):
+        self.template = template or chatml
+        self.pad_token_id = pad_token_id
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        assert tokenize is False
+        return self.template(messages, add_generation_prompt)
+
+    def __call__(self, text, add_special_tokens):
+        assert add_special_tokens is False
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def chatml(messages, add_generation_prompt):
+    text = "".join(f"<{m['role']}>{m['content']}</s>\n" for m in messages)
+    return text + ("<assistant>" if add_generation_prompt is True else "")
+
+
+def codes(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def test_the_turn_header_and_end_are_read_from_the_template():
+    from flywheel.chat import ChatTokenizer
+
+    chat = ChatTokenizer(CharTokenizer())
+    assert (chat.generation_header, chat.turn_end) == ("<assistant>", "</s>\n")
+    assert chat.header_ids == codes("<assistant>") and chat.turn_end_ids == codes("</s>\n")
+    # The end-of-sequence token and the turn end without its newline end a generated reply.
+    assert chat.eos_ids == {2, *codes("</s>")}
+    padded = ChatTokenizer(CharTokenizer(pad_token_id=7))
+    assert padded.eos_ids == {2, 7, *codes("</s>")}
+    assert padded.strip_end(codes("ab") + [7, 2, ord(">")]) == codes("ab")
+    assert padded.strip_end([7, 2]) == [] and padded.strip_end([]) == []
+    assert padded.strip_end(codes("a>b")) == codes("a>b")  # only a trailing end is cut
+
+
+def test_every_message_is_rendered_exactly_and_masked_by_hand():
+    from flywheel.chat import ChatTokenizer
+
+    chat = ChatTokenizer(CharTokenizer())
+    messages = [
+        Message(role="system", content="S1"),
+        Message(role="user", content="go"),
+        Message(role="assistant", content="ok", loss=True),
+        Message(role="assistant", content="no", loss=False),
+        Message(role="assistant", content="hi", loss=True, token_ids=codes("hi") + [2]),
+    ]
+    ids, mask = chat.encode(messages)
+    assert ids == codes(
+        "<system>S1</s>\n<user>go</s>\n<assistant>ok</s>\n<assistant>no</s>\n<assistant>hi</s>\n"
+    )
+    header = len("<assistant>")
+    assert mask == (
+        [0] * len("<system>S1</s>\n<user>go</s>\n")
+        + [0] * header + [1] * len("ok</s>\n")
+        + [0] * len("<assistant>no</s>\n")
+        + [0] * header + [1] * len("hi") + [1] * len("</s>\n")
+    )  # fmt: skip
+    assert chat.message_ids(messages[0], first=True) == (codes("<system>S1</s>\n"), [0] * 15)
+    with pytest.raises(ValueError, match="^a conversation must start with a system message$"):
+        chat.message_ids(messages[1], first=True)
+    with pytest.raises(ValueError, match="^a conversation must start with a system message$"):
+        chat.encode(messages[1:])
+    generated = chat.generated_message("hi", codes("hi"), loss=False)
+    assert (generated.role, generated.content, generated.loss) == ("assistant", "hi", False)
+    assert (generated.token_ids, generated.end_generated) == (codes("hi"), False)
+    assert chat.generated_message("hi", codes("hi") + [2]).loss is True
+
+
+def test_templates_it_cannot_render_turn_by_turn_are_refused():
+    from flywheel.chat import ChatTokenizer
+
+    def other_header(messages, add_generation_prompt):  # the prompt is not the turn's start
+        text = "".join(f"<{m['role']}>{m['content']}</s>\n" for m in messages)
+        return text + ("<bot>" if add_generation_prompt else "")
+
+    with pytest.raises(ValueError) as error:
+        ChatTokenizer(CharTokenizer(other_header))
+    assert str(error.value) == (
+        "chat template: assistant turn does not start with the generation prompt"
+    )
+
+    def numbered(messages, add_generation_prompt):  # each message's text depends on its place
+        text = "".join(f"<{m['role']} {i}>{m['content']}</s>\n" for i, m in enumerate(messages))
+        return text + (f"<assistant {len(messages)}>" if add_generation_prompt else "")
+
+    with pytest.raises(ValueError) as error:
+        ChatTokenizer(CharTokenizer(numbered))
+    assert str(error.value) == "chat template does not render messages independently"
+
+
+def test_parse_reply_limits_actions_to_200_characters_and_names_the_length():
+    from flywheel.chat import MAX_ACTION_CHARS, ParsedReply
+
+    assert MAX_ACTION_CHARS == 200
+    longest = "get " + "1" * 196
+    assert parse_reply(f"Thought: t\nAction: {longest}") == ParsedReply("t", longest, None)
+    assert parse_reply(f"Thought: t\nAction: {longest}1") == ParsedReply(
+        "t", None, "Action too long (201 characters)."
+    )
+
+
+def test_parse_reply_keeps_a_thought_over_lines_and_strips_quotes_inside_spaces():
+    from flywheel.chat import ParsedReply
+
+    text = "  Thought:  first line\nsecond line \n  action : \"` craft 1 x '  \nAction: get"
+    assert parse_reply(text) == ParsedReply("first line\nsecond line", "craft 1 x", None)
+    assert parse_reply("Action: inventory") == ParsedReply("", "inventory", None)
+    assert parse_reply("THOUGHT: only thinking") == ParsedReply("only thinking", None, FORMAT_HINT)
+    assert parse_reply("Thought: a\nAction: '' ") == ParsedReply("a", None, FORMAT_HINT)
+
+
+def test_replies_and_observations_are_formatted_as_the_agent_reads_them():
+    from flywheel.chat import format_observation, format_reply
+
+    assert format_reply("t", "get 1 a") == "Thought: t\nAction: get 1 a"
+    assert format_observation("Got 1 a") == "Observation: Got 1 a"

@@ -143,6 +143,12 @@ def test_long_dpo_sides_keep_their_latest_turns_and_hopeless_pairs_are_counted(c
     assert rows == [] and counts == RowCounts(rows_dropped_no_loss=1)
 
 
+def torch_int64():
+    import torch
+
+    return torch.int64
+
+
 @pytest.fixture(scope="module")
 def collator_rows(chat):
     rows, _ = dpo_rows([pair(3, 2), pair(2, 4)], chat, max_length=4096)
@@ -174,6 +180,8 @@ def test_the_collator_masks_observations_and_padding(chat, collator_rows):
     collator = MaskedPreferenceCollator(pad_token_id=chat.tokenizer.pad_token_id)
     batch = collator.torch_call(collator_rows)
     width = batch["input_ids"].shape[1]
+    # trl's own dtype: the loss multiplies and indexes with it (a float mask would not index).
+    assert batch["completion_mask"].dtype == batch["attention_mask"].dtype == torch_int64()
     sides = [(r["prompt_ids"], r["chosen_mask"]) for r in collator_rows]
     sides += [(r["prompt_ids"], r["rejected_mask"]) for r in collator_rows]
     for index, (prompt, mask) in enumerate(sides):
@@ -198,3 +206,20 @@ def test_row_counts_add_up_over_many_rows(chat):
     assert counts == RowCounts(rows=4, rows_shortened=2, rows_dropped_too_long=2,
                                rows_dropped_no_loss=2)  # fmt: skip
     assert len(rows) == 4 and rows[1] == rows[3]  # `fits`, whole, twice
+
+
+def test_token_counts_forward_a_dpo_prompt_with_each_side():
+    from training.datasets import token_counts
+
+    sft = [{"input_ids": [1, 2, 3, 4], "assistant_masks": [0, 0, 1, 1]}]
+    assert token_counts(sft) == {"tokens_per_epoch": 4, "loss_tokens_per_epoch": 2}
+    dpo = [
+        {
+            "prompt_ids": [1, 2],
+            "chosen_ids": [3, 4, 5],
+            "chosen_mask": [1, 0, 1],
+            "rejected_ids": [6],
+            "rejected_mask": [1],
+        }
+    ]
+    assert token_counts(dpo) == {"tokens_per_epoch": 2 + 3 + 2 + 1, "loss_tokens_per_epoch": 3}

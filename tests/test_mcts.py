@@ -265,3 +265,152 @@ def test_a_leaf_becomes_a_trajectory_with_the_generated_ids_and_the_leafs_outcom
         0.0, False, "max_depth", "bad"
     )  # fmt: skip
     assert divergence(tree, 3, 4) == 2 and divergence(tree, 4, 3) == 2
+
+
+def test_a_tree_renders_as_an_outline_written_out_by_hand():
+    nodes = [
+        TreeNode(id=0, observation="Goal: craft x.", visits=4, value=1.5, children=[1, 2]),
+        TreeNode(id=1, parent=0, depth=1, action="get 1 a", observation="Got 1 a\nand more",
+                 visits=3, value=1.5, children=[3, 4]),
+        TreeNode(id=2, parent=0, depth=1, action="craft x", observation="Could not craft",
+                 visits=1, value=0.0, finish="max_depth", score=0.0, closed=True),
+        TreeNode(id=3, parent=1, depth=2, action=None, observation="y" * 100, visits=2,
+                 value=1.5, finish="done", score=0.75, closed=True),
+        TreeNode(id=4, parent=1, depth=2, action="look", observation="", visits=0),
+    ]  # fmt: skip
+    tree = SearchTree(task_id="t", env="e", nodes=nodes, iterations=3)
+    assert render(tree).split("\n") == [
+        "task t (e): 5 nodes, 2 leaves, 3 iterations",
+        "  get 1 a -> Got 1 a and more  (n=3, q=0.50)",
+        "    (no action) -> " + "y" * 80 + "  (n=2, q=0.75) [done, score 0.75]",
+        "    look ->   (n=0, q=0.00)",
+        "  craft x -> Could not craft  (n=1, q=0.00) [max_depth, score 0]",
+    ]
+
+
+class Dial(Environment):
+    """Tasks 't' and 'u' on a dial at 0: 'up' turns it one notch (reward 0.25), 'win' ends the
+    episode from notch 1 on (reward 1), 'boom' raises. Rewards run to 2: score = reward / 2."""
+
+    name = "dial"
+    reward_range = (0.0, 2.0)
+
+    def __init__(self):
+        self.episodes = []
+
+    def task_ids(self, split):
+        return ["t", "u"]
+
+    def start(self, task_id):
+        self.episodes.append(DialEpisode(task_id))
+        return self.episodes[-1]
+
+
+class DialEpisode(Episode):
+    def __init__(self, task_id):
+        self.task_id, self.instruction = task_id, f"Goal: win {task_id}."
+        self.notch, self.closed = 0, False
+
+    def step(self, action):
+        if action == "boom":
+            raise ValueError("boom")
+        if action == "win" and self.notch >= 1:
+            return StepResult("You won.", 1.0, True)
+        self.notch += action == "up"
+        return StepResult(f"at {self.notch}", 0.25 if action == "up" else 0.0, False)
+
+    def snapshot(self):
+        return {"notch": self.notch}
+
+    def restore(self, state):
+        self.notch = state["notch"]
+
+    def close(self):
+        self.closed = True
+
+
+class ScriptedCalls:
+    """Call k answers its prompts with replies[k], in order; 'boom' stops without its end."""
+
+    def __init__(self, tokenizer, replies):
+        self.tokenizer, self.replies, self.calls = tokenizer, replies, []
+
+    def generate(self, prompts, sampling):
+        texts = self.replies[len(self.calls)]
+        self.calls.append((prompts, sampling))
+        assert len(texts) == len(prompts)
+        out = []
+        for text in texts:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            end = [] if "boom" in text else [self.tokenizer.eos_token_id]
+            out.append(Generation(text, ids + end, "stop"))
+        return out
+
+
+@pytest.mark.parametrize("restore", [True, False])
+def test_two_trees_built_together_node_by_node_as_worked_out_by_hand(chat, restore):
+    from flywheel.inference import SamplingSettings
+
+    env = Dial()
+    replies = [
+        # call 0: tree t (3 samples: 'up' twice, once with a trailing space), then tree u
+        ["Action: up", "Action: boom", "Action: up ", "Action: boom", "Action: boom",
+         "Action: boom"],
+        # call 1: tree t below node 1 (u's root closed after its only child failed)
+        ["Action: win", "Action: up", "Action: win"],
+    ]  # fmt: skip
+    backend = ScriptedCalls(chat.tokenizer, replies)
+    sampling = SamplingSettings(temperature=0.7, top_p=0.9, max_tokens=20, seed=5)
+    limits = SearchLimits(iterations=3, max_depth=2, samples_per_node=3, restore_state=restore,
+                          sampling=sampling)  # fmt: skip
+    prefix = [Message(role="system", content="S")]
+    t, u = search(env, ["t", "u"], backend, chat, prefix, limits, progress=False)
+
+    def ids(text):
+        return chat.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    assert [
+        (n.id, n.parent, n.depth, n.reply, n.action, n.observation, n.reward, n.score, n.finish,
+         n.visits, n.value, n.closed, n.children, n.token_ids, n.end_generated)
+        for n in t.nodes
+    ] == [
+        (0, None, 0, "", None, "Goal: win t.", 0.0, None, "", 3, 0.0 + 0.625 + 0.25, True, [1, 2],
+         None, True),
+        (1, 0, 1, "Action: up", "up", "at 1", 0.25, None, "", 2, 0.875, True, [3, 4],
+         ids("Action: up"), True),
+        (2, 0, 1, "Action: boom", "boom", "", 0.0, 0.0, "error: ValueError: boom", 1, 0.0, True,
+         [], ids("Action: boom"), False),
+        (3, 1, 2, "Action: win", "win", "You won.", 1.25, 0.625, "done", 1, 0.625, True, [],
+         ids("Action: win"), True),
+        (4, 1, 2, "Action: up", "up", "at 2", 0.5, 0.25, "max_depth", 1, 0.25, True, [],
+         ids("Action: up"), True),
+    ]  # fmt: skip
+    assert (t.iterations, t.expansions, t.samples, t.duplicates) == (1, 2, 6, 2)
+    assert [(n.id, n.finish, n.visits, n.closed) for n in u.nodes] == [
+        (0, "", 1, True), (1, "error: ValueError: boom", 1, True)
+    ]  # fmt: skip
+    assert (u.iterations, u.expansions, u.samples, u.duplicates) == (1, 1, 3, 2)
+    if restore:  # one step per child that the environment answered
+        assert (t.env_steps, t.steps_by_depth) == (3, {1: 1, 2: 2})
+        assert (u.env_steps, u.steps_by_depth) == (0, {})
+    else:  # every child replays its path from a fresh episode
+        assert (t.env_steps, t.steps_by_depth) == (5, {1: 1, 2: 4})
+        assert (u.env_steps, u.steps_by_depth) == (0, {1: 0})
+    assert all(e.closed for e in env.episodes)
+    assert len(env.episodes) == (2 if restore else 2 + 3 + 2)
+
+    # One call per step of the search: both trees' samples together, then tree t's alone, each
+    # with its own seed.
+    (first, first_sampling), (second, second_sampling) = backend.calls
+    root_t = chat.encode(prefix + [Message(role="user", content="Goal: win t.")])[0]
+    root_u = chat.encode(prefix + [Message(role="user", content="Goal: win u.")])[0]
+    assert first == [root_t + chat.header_ids] * 3 + [root_u + chat.header_ids] * 3
+    after_up = chat.encode(prefix + [
+        Message(role="user", content="Goal: win t."),
+        Message(role="assistant", content="Action: up", token_ids=ids("Action: up")),
+        Message(role="user", content="Observation: at 1"),
+    ])[0]  # fmt: skip
+    assert second == [after_up + chat.header_ids] * 3
+    assert first_sampling == SamplingSettings(temperature=0.7, top_p=0.9, max_tokens=20, seed=5)
+    assert second_sampling == SamplingSettings(temperature=0.7, top_p=0.9, max_tokens=20,
+                                               seed=5 + 1_000_003)  # fmt: skip

@@ -79,3 +79,26 @@ def test_server_errors_are_reported_with_status_and_body(server):
     backend = OpenAIBackend(server, "no-such-model")
     with pytest.raises(RuntimeError, match="answered 404"):
         backend.generate([[1, 2, 3]], SamplingSettings(max_tokens=2))
+
+
+def test_scores_through_the_server_are_the_models_log_probabilities(server, tiny_model_dir):
+    """`echo` with `logprobs` and no generated token: each continuation's summed log-probability
+    equals a transformers forward pass over the same tokens."""
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    backend = OpenAIBackend(server, str(tiny_model_dir))
+    prompts = [[1, 2, 3], list(range(10, 60)), [7]]
+    continuations = [[4], [60, 61, 62], [8, 9]]
+    scores = backend.score(prompts, continuations)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32)
+    for prompt, continuation, score in zip(prompts, continuations, scores, strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + continuation])).logits[0].double()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        expected = sum(
+            logprobs[len(prompt) + i - 1, token].item() for i, token in enumerate(continuation)
+        )
+        assert math.isclose(score, expected, abs_tol=1e-3), (score, expected)

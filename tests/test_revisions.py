@@ -9,7 +9,7 @@ from envs import make_env
 from flywheel.chat import format_reply
 from flywheel.inference import Generation
 from flywheel.records import Message
-from flywheel.settings import AgentRConfig, load_config
+from flywheel.settings import AgentRConfig, CritiqueSettings, load_config
 from tasks.critique import (
     ELIDED,
     VERIFIER_SYSTEM,
@@ -22,6 +22,9 @@ from tasks.critique import (
 from tasks.select_paths import select_good, select_pairs
 from tasks.splice import build_training_data, splice_revision
 from training.datasets import sft_rows
+
+# These tests cover the written critique: the model's reply and the verdict parsed from it.
+WRITTEN = CritiqueSettings(method="generate")
 
 
 def step(id, parent, depth, action, observation, **terminal):
@@ -169,11 +172,9 @@ class VerdictBackend:
 def test_critique_judges_from_the_divergence_in_lockstep_and_stops_at_the_first_bad(tree, chat):
     pairs = select_pairs(tree, 0.5, 0.2, 10)
     env = make_env("textcraft")
-    from flywheel.settings import CritiqueSettings
-
     backend = VerdictBackend(chat, bad_word="z")
     critiques = critique_pairs(
-        pairs, {"acacia_boat": tree}, backend, chat, CritiqueSettings(), 4096, progress=False
+        pairs, {"acacia_boat": tree}, backend, chat, WRITTEN, 4096, progress=False
     )
     by_pair = {(pairs[c.pair].good_leaf, pairs[c.pair].bad_leaf): c for c in critiques}
     to_5 = by_pair[(4, 5)]  # judged from step 1: "get 1 z" is bad at once
@@ -201,8 +202,6 @@ def test_textcraft_oracle_flags_wasted_steps():
 
 
 def test_the_oracles_first_error_is_searched_from_the_divergence(tree, chat):
-    from flywheel.settings import CritiqueSettings
-
     (pair,) = [p for p in select_pairs(tree, 0.5, 0.2, 10) if (p.good_leaf, p.bad_leaf) == (4, 5)]
     asked = []
 
@@ -212,18 +211,18 @@ def test_the_oracles_first_error_is_searched_from_the_divergence(tree, chat):
 
     backend = VerdictBackend(chat, bad_word="z")
     (critique,) = critique_pairs(
-        [pair], {"acacia_boat": tree}, backend, chat, CritiqueSettings(), 4096, oracle, False
+        [pair], {"acacia_boat": tree}, backend, chat, WRITTEN, 4096, oracle, False
     )
     assert asked == [("acacia_boat", ["get 1 a", "get 1 z", "inventory"])]
     assert critique.oracle and critique.oracle_first_error == 2
     (none_found,) = critique_pairs(
-        [pair], {"acacia_boat": tree}, backend, chat, CritiqueSettings(), 4096,
+        [pair], {"acacia_boat": tree}, backend, chat, WRITTEN, 4096,
         lambda task_id, actions: [True, False, False], False,
     )  # fmt: skip
     assert none_found.oracle and none_found.oracle_first_error is None
     # An environment without an oracle answers None: the critique says so.
     (no_oracle,) = critique_pairs(
-        [pair], {"acacia_boat": tree}, backend, chat, CritiqueSettings(), 4096,
+        [pair], {"acacia_boat": tree}, backend, chat, WRITTEN, 4096,
         lambda task_id, actions: None, False,
     )  # fmt: skip
     assert not no_oracle.oracle and no_oracle.oracle_first_error is None
@@ -245,21 +244,27 @@ def test_critique_metrics_on_hand_made_critiques():
         critique(["good", "bad"], 1, oracle=False),
     ]
     metrics = critique_metrics(critiques)
-    # 8 verdicts, 1 missing, 3 bad; 5 critiques judged something, 3 found an error; of the 3
-    # judged with an oracle, 2 agree with it and 2 have an oracle error.
+    # 8 verdicts: 4 good, 3 bad, 1 missing; 5 critiques judged something, 3 found an error; of
+    # the 3 judged with an oracle, 2 agree with it, 2 have an oracle error, 1 at the divergence.
     assert metrics == {
         "steps_judged": 8.0,
+        "verdicts_good": 4.0,
+        "verdicts_bad": 3.0,
+        "verdicts_uncertain": 0.0,
+        "verdicts_none": 1.0,
         "verdict_missing_rate": 1 / 8,
         "verdict_bad_rate": 3 / 8,
         "first_error_found_rate": 3 / 5,
         "first_error_oracle_agreement": 2 / 3,
         "oracle_error_found_rate": 2 / 3,
+        "oracle_error_at_divergence_rate": 1 / 3,
     }
     without_oracle = critique_metrics([c for c in critiques if not c.oracle])
     assert "first_error_oracle_agreement" not in without_oracle
     assert critique_metrics([]) == {
-        "steps_judged": 0.0, "verdict_missing_rate": 0.0, "verdict_bad_rate": 0.0,
-        "first_error_found_rate": 0.0,
+        "steps_judged": 0.0, "verdicts_good": 0.0, "verdicts_bad": 0.0,
+        "verdicts_uncertain": 0.0, "verdicts_none": 0.0, "verdict_missing_rate": 0.0,
+        "verdict_bad_rate": 0.0, "first_error_found_rate": 0.0,
     }  # fmt: skip
 
 
@@ -273,8 +278,6 @@ class PromptRecorder:
 
 
 def test_a_critique_prompt_too_long_keeps_the_instruction_and_the_question(tree, chat):
-    from flywheel.settings import CritiqueSettings
-
     recipes = "\n".join(f"craft 1 thing{i} using 1 stuff{i}" for i in range(400))
     long_tree = tree.model_copy(deep=True)
     long_tree.nodes[0].observation = f"Crafting commands:\n{recipes}\n\nGoal: craft x."
@@ -282,8 +285,8 @@ def test_a_critique_prompt_too_long_keeps_the_instruction_and_the_question(tree,
     pair = PathPair(task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0,
                     divergence=1)  # fmt: skip
     backend = PromptRecorder()
-    settings = CritiqueSettings(max_tokens=16, history_steps=6)
-    critique_pairs([pair], {"acacia_boat": long_tree}, backend, chat, settings, 512,
+    settings = WRITTEN.model_copy(update={"max_tokens": 16, "history_steps": 6})
+    critique_pairs([pair], {"acacia_boat": long_tree}, backend, CountingChat(chat), settings, 512,
                    progress=False)  # fmt: skip
     assert len(backend.prompts) == 2  # steps 1 and 2 of the bad path, both judged Good
     for prompt in backend.prompts:
@@ -299,13 +302,12 @@ def test_a_critique_prompt_too_long_keeps_the_instruction_and_the_question(tree,
 
 
 def test_a_critique_prompt_that_cannot_fit_is_refused_with_the_setting_to_change(tree, chat):
-    from flywheel.settings import CritiqueSettings
-
     pair = PathPair(task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0,
                     divergence=1)  # fmt: skip
     with pytest.raises(ValueError, match="max_model_len"):
         critique_pairs([pair], {"acacia_boat": tree}, PromptRecorder(), chat,
-                       CritiqueSettings(max_tokens=16), 96, progress=False)  # fmt: skip
+                       WRITTEN.model_copy(update={"max_tokens": 16}), 96,
+                       progress=False)  # fmt: skip
 
 
 def test_shorten_middle_keeps_both_ends():
@@ -348,3 +350,178 @@ def test_the_revision_turn_sees_the_noop_answered_after_the_error_step(chat):
     assert [m.content for m in direct.continuation][7] == (
         "Observation: Inventory: [acacia logs] (1) [cobblestone] (2)"
     )
+
+
+class SamplingRecorder(PromptRecorder):
+    def __init__(self):
+        super().__init__()
+        self.samplings = []
+
+    def generate(self, prompts, sampling):
+        self.samplings.append(sampling)
+        return super().generate(prompts, sampling)
+
+
+def test_a_critique_prompt_uses_all_the_room_a_reply_leaves_and_greedy_sampling(tree, chat, capsys):
+    from flywheel.inference import SamplingSettings
+    from flywheel.settings import CritiqueSettings
+
+    pair = PathPair(
+        task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0, divergence=2
+    )  # fmt: skip  (one step judged: 5 "inventory")
+    settings = CritiqueSettings(method="generate", max_tokens=16, history_steps=6)
+
+    def prompts(max_model_len, progress=False):
+        backend = SamplingRecorder()
+        critique_pairs([pair], {"acacia_boat": tree}, backend, chat, settings, max_model_len,
+                       progress=progress)  # fmt: skip
+        assert backend.samplings == [SamplingSettings(temperature=0.0, top_p=1.0, max_tokens=16,
+                                                      seed=0)]  # fmt: skip
+        return backend.prompts
+
+    (whole,) = prompts(4096)
+    text = chat.tokenizer.decode(whole)
+    assert "Earlier steps:\nAction: get 1 a\nObservation: Got 1 a\nAction: get 1 z" in text
+    # Exactly room for the prompt, its reply header and max_tokens: nothing is cut.
+    exact = len(whole) + 16
+    assert prompts(exact) == [whole]
+    (cut,) = prompts(exact - 1)  # one token short: the oldest history step goes
+    assert len(cut) < len(whole)
+    assert "Earlier steps:\nAction: get 1 z" in chat.tokenizer.decode(cut)
+    capsys.readouterr()
+    prompts(4096, progress=True)
+    assert "critique: 100%" in capsys.readouterr().err
+
+
+def test_pairs_are_drawn_with_seed_zero_unless_told_and_alpha_itself_is_good_enough(tree):
+    by_default = select_pairs(tree, 0.5, 0.2, cap=3)
+    assert by_default == select_pairs(tree, 0.5, 0.2, cap=3, seed=0)
+    assert by_default != select_pairs(tree, 0.5, 0.2, cap=3, seed=1)  # the seed chooses
+    assert select_good(tree, 0.75, 5) == [4, 7]  # leaf 7 scores exactly 0.75
+
+
+def test_the_verifier_prompt_word_for_word():
+    from tasks.critique import verifier_messages, verifier_question
+
+    history = [step(1, 0, 1, "get 1 a", "Got 1 a"), step(2, 1, 2, None, "Invalid reply.")]
+    judged = step(3, 2, 3, "craft 1 x using 1 a", "Crafted 1 x")
+    system, user = verifier_messages("Goal: craft x.", history, judged, verifier_question(WRITTEN))
+    assert (system.role, system.content) == (
+        "system",
+        "You review an agent's work one step at a time and say whether a step was right.",
+    )
+    assert user.role == "user" and user.content == (
+        "Task:\nGoal: craft x.\n\n"
+        "Earlier steps:\nAction: get 1 a\nObservation: Got 1 a\n"
+        "Action: None\nObservation: Invalid reply.\n\n"
+        "Step to judge:\nAction: craft 1 x using 1 a\nObservation: Crafted 1 x\n\n"
+        "Was this step good (it brings the goal closer), bad (it fails, wastes the turn or leads "
+        "away from the goal) or uncertain? Reason in one sentence, then end with one line: "
+        "'Judgement: Good', 'Judgement: Bad' or 'Judgement: Uncertain'."
+    )
+    no_action = judged.model_copy(update={"action": None, "reply": "I think I should craft."})
+    (_, first) = verifier_messages("Goal: craft x.", [], no_action, verifier_question(WRITTEN))
+    assert first.content.startswith(
+        "Task:\nGoal: craft x.\n\nEarlier steps:\n(none)\n\n"
+        "Step to judge:\nAction: I think I should craft.\nObservation: Crafted 1 x\n\nWas this"
+    )
+    assert (system.loss, user.loss) == (False, False)
+
+
+def test_a_backend_answering_fewer_prompts_than_asked_is_an_error(tree, chat, capsys):
+    class OneAnswer:
+        def generate(self, prompts, sampling):
+            return [Generation("Judgement: Good", [1], "stop")]
+
+    pairs = select_pairs(tree, 0.5, 0.2, 10)[:2]
+    with pytest.raises(ValueError, match="zip"):
+        critique_pairs(pairs, {"acacia_boat": tree}, OneAnswer(), chat, WRITTEN, 4096,
+                       progress=False)  # fmt: skip
+    critique_pairs(pairs[:1], {"acacia_boat": tree}, PromptRecorder(), chat, WRITTEN,
+                   4096, progress=True)  # fmt: skip
+    err = capsys.readouterr().err
+    assert "critique: 100%" in err and "pair/s]" in err
+    critique_pairs(pairs[:1], {"acacia_boat": tree}, PromptRecorder(), chat, WRITTEN,
+                   4096, progress=False)  # fmt: skip
+    assert "critique" not in capsys.readouterr().err
+
+
+class CountingChat:
+    """The chat tokenizer, refusing to render more than `limit` prompts (a shortening loop that
+    makes no progress fails at once instead of running forever)."""
+
+    def __init__(self, chat, limit: int = 200):
+        self._chat, self.calls, self.limit = chat, 0, limit
+
+    def __getattr__(self, name):
+        return getattr(self._chat, name)
+
+    def encode(self, messages):
+        self.calls += 1
+        if self.calls > self.limit:
+            raise RuntimeError(f"{self.calls} prompts rendered: the loop makes no progress")
+        return self._chat.encode(messages)
+
+
+class AlwaysGood(PromptRecorder):
+    def generate(self, prompts, sampling):
+        assert len(self.prompts) < 10, "judged the same steps again and again"
+        return super().generate(prompts, sampling)
+
+
+def test_each_step_of_the_bad_path_is_judged_once_in_order(tree, chat):
+    from flywheel.settings import CritiqueSettings
+
+    (pair,) = [p for p in select_pairs(tree, 0.5, 0.2, 10) if (p.good_leaf, p.bad_leaf) == (7, 5)]
+    backend = AlwaysGood()
+    (critique,) = critique_pairs([pair], {"acacia_boat": tree}, backend, chat, CritiqueSettings(method="generate"),
+                                 4096, progress=False)  # fmt: skip
+    judged = [chat.tokenizer.decode(p).split("Step to judge:\nAction: ")[1].split("\n")[0]
+              for p in backend.prompts]  # fmt: skip
+    assert judged == ["get 1 a", "get 1 z", "inventory"]
+    assert critique.verdicts == ["good"] * 3 and critique.first_error is None
+
+
+def test_a_long_reply_without_an_action_is_cut_in_its_middle(tree, chat):
+    from flywheel.settings import CritiqueSettings
+
+    rambling = tree.model_copy(deep=True)
+    reply = "I wonder what to do. " + "Maybe this, maybe that. " * 200 + "I give up."
+    rambling.nodes[5].action, rambling.nodes[5].reply = None, reply
+    pair = PathPair(task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0,
+                    divergence=2)  # fmt: skip
+    backend, counting = PromptRecorder(), CountingChat(chat)
+    critique_pairs([pair], {"acacia_boat": rambling}, backend, counting,
+                   CritiqueSettings(method="generate", max_tokens=16, history_steps=0), 400, progress=False)  # fmt: skip
+    (prompt,) = backend.prompts
+    text = chat.tokenizer.decode(prompt)
+    assert len(prompt) <= 400 - 16
+    assert "Step to judge:\nAction: I wonder what to do. Maybe" in text
+    assert ELIDED in text and "I give up.\nObservation: Inventory: a z" in text
+    assert "Task:\nCrafting commands: ...\n\nGoal: craft x.\n\n" in text  # short: kept whole
+
+
+def test_texts_of_at_most_32_characters_are_never_cut(tree, chat):
+    from flywheel.settings import CritiqueSettings
+    from tasks.critique import verifier_messages, verifier_question
+
+    short = tree.model_copy(deep=True)
+    short.nodes[0].observation = "Goal: craft one x. " + "y" * 13  # exactly 32 characters
+    assert len(short.nodes[0].observation) == 32
+    pair = PathPair(task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0,
+                    divergence=2)  # fmt: skip
+    judged = short.nodes[5]
+    whole = len(
+        chat.encode(
+            verifier_messages(short.nodes[0].observation, [], judged, verifier_question(WRITTEN))
+        )[0]
+    )
+    cut = len(chat.encode(verifier_messages(shorten_middle(short.nodes[0].observation, 16), [],
+                                            judged, verifier_question(WRITTEN)))[0])  # fmt: skip
+    assert cut < whole
+    # Room for the prompt with the task cut to 16 characters, not for the whole task.
+    max_model_len = cut + len(chat.header_ids) + 16
+    with pytest.raises(ValueError, match="raise inference.max_model_len or lower critique.max_"):
+        critique_pairs([pair], {"acacia_boat": short}, PromptRecorder(), CountingChat(chat),
+                       CritiqueSettings(method="generate", max_tokens=16, history_steps=0), max_model_len,
+                       progress=False)  # fmt: skip

@@ -3,6 +3,9 @@ so the loop's rules can be checked exactly; real vLLM runs in test_eto_flow)."""
 
 from __future__ import annotations
 
+import itertools
+from types import SimpleNamespace
+
 import pytest
 
 from agents.rollout import RolloutSettings, agent_prefix, run_batched
@@ -188,6 +191,8 @@ def test_no_expert_or_a_plan_that_does_not_finish_gives_no_trajectory(monkeypatc
     assert expert_trajectory(env, "acacia_boat", prefix) is None
     monkeypatch.setattr(env, "expert_plan", lambda task_id: None)
     assert expert_trajectory(env, "acacia_boat", prefix) is None
+    monkeypatch.setattr(env, "expert_plan", lambda task_id: [])  # an empty plan finishes nothing
+    assert expert_trajectory(env, "acacia_boat", prefix) is None
 
 
 def test_few_shot_examples_are_the_first_short_train_tasks():
@@ -203,6 +208,12 @@ def test_few_shot_examples_are_the_first_short_train_tasks():
     assert all(len(env.expert_plan(t)) > 4 for t in skipped if t not in short[:2])
     assert all(e.success and e.messages[0].content == env.system_prompt for e in examples)
     assert few_shot_examples(env, 0) == []
+    # By default at most 4 steps: the first 5-step task is passed over.
+    five = next(t for t in train if len(env.expert_plan(t)) == 5)
+    before = [t for t in train[: train.index(five)] if len(env.expert_plan(t)) <= 4]
+    after = next(t for t in train[train.index(five) :] if len(env.expert_plan(t)) <= 4)
+    picked = few_shot_examples(env, len(before) + 1)
+    assert [e.task_id for e in picked] == [*before, after]
 
 
 def test_sequential_rollout_plays_one_request_at_a_time_to_the_same_episodes(chat):
@@ -224,11 +235,29 @@ def test_sequential_rollout_plays_one_request_at_a_time_to_the_same_episodes(cha
     assert one_at_a_time.calls == [1] * (4 + 6)
 
 
+def test_the_sequential_rollout_shows_one_bar_over_its_episodes(chat, capsys):
+    from agents.rollout import run_sequential
+
+    env = make_env("textcraft")
+    solved, garbage = "acacia_boat", "birch_boat"
+    plan = [format_reply(t, a) for t, a in env.expert_plan(solved)]
+    backend = ScriptedBackend(chat, {solved: plan, garbage: ["hello"] * 10})
+    capsys.readouterr()
+    run_sequential(env, [solved, garbage], backend, chat, agent_prefix(env, []),
+                   RolloutSettings(max_steps=6))  # fmt: skip
+    err = capsys.readouterr().err
+    assert "textcraft episodes (sequential): 100%" in err and "| 2/2 [" in err
+    assert "ep/s]" in err
+    assert "textcraft episodes:" not in err  # no bar per episode
+
+
 def test_open_backend_follows_the_inference_settings(monkeypatch):
     import agents.rollout as rollout
     from flywheel.inference import OpenAIBackend
     from flywheel.settings import InferenceSettings
 
+    engines = []
+    monkeypatch.setattr(rollout, "shared_vllm", lambda *args: engines.append(args) or "engine")
     server = InferenceSettings(backend="openai", base_url="http://127.0.0.1:9/")
     backend = rollout.open_backend(server, "/models/m", tokenizer="tok")
     assert isinstance(backend, OpenAIBackend)
@@ -237,8 +266,241 @@ def test_open_backend_follows_the_inference_settings(monkeypatch):
         "/models/m",
         "tok",
     )
-    engines = []
-    monkeypatch.setattr(rollout, "shared_vllm", lambda *args: engines.append(args) or "engine")
+    assert engines == []
     local = InferenceSettings(max_model_len=2048, kv_cache_gib=3, block_size=64)
     assert rollout.open_backend(local, "/models/m", "tok") == "engine"
     assert engines == [("/models/m", 2048, 3, 64)]
+
+
+def published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories, clock=(10.0, 12.5)):
+    """`rollout_to_store` with the episodes replaced by `trajectories` and a clock that reads
+    `clock` before and after them; returns the manifest, the store, the calls and the inputs."""
+    import agents.rollout as rollout
+    from flywheel.inference import SamplingSettings
+    from flywheel.records import Message
+    from flywheel.settings import EnvSettings, InferenceSettings
+    from flywheel.storage import ArtifactStore
+
+    calls, readings = [], itertools.cycle(clock)
+    monkeypatch.setattr(rollout, "open_backend", lambda inference, model_dir, tok: "backend")
+    monkeypatch.setattr(rollout, "run_batched", lambda *args: calls.append(args) or trajectories)
+    monkeypatch.setattr(rollout, "time", SimpleNamespace(perf_counter=lambda: next(readings)))
+    store = ArtifactStore(str(tmp_path / "store"))
+    prefix = [Message(role="system", content="S")]
+    inference = InferenceSettings(max_model_len=1024)
+    sampling = SamplingSettings(temperature=0.5, max_tokens=7)
+    args = (store, "explore", f"file://{tiny_model_dir}", EnvSettings(), ["a", "b"], prefix,
+            inference, 9, sampling, store.url("explore"))  # fmt: skip
+    return rollout.rollout_to_store(*args), store, calls, args
+
+
+def played(task_id, reward, success, steps, finish, recoveries=0, generated=()):
+    from flywheel.records import Message, Trajectory
+
+    messages = [Message(role="system", content="S"), Message(role="user", content="T")]
+    messages += [Message(role="assistant", content="x", token_ids=list(ids)) for ids in generated]
+    messages.append(Message(role="assistant", content="y"))  # no ids: not generated
+    return Trajectory(task_id=task_id, env="textcraft", messages=messages, episode_start=1,
+                      reward=reward, success=success, n_steps=steps, finish_reason=finish,
+                      recoveries=recoveries)  # fmt: skip
+
+
+def test_a_rollout_stage_counts_and_averages_hand_made_episodes(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    from flywheel.records import Trajectory
+    from agents.rollout import RolloutSettings
+
+    trajectories = [
+        played("a", 1.0, True, 3, "done", recoveries=2, generated=[[1, 2, 3], [4]]),
+        played("b", 0.5, False, 9, "max_steps", generated=[[5, 6]]),
+        played("c", 0.0, False, 6, "context", recoveries=1),
+    ]
+    manifest, store, calls, args = published_stage(tmp_path, tiny_model_dir, monkeypatch,
+                                                   trajectories)  # fmt: skip
+    ((env, task_ids, backend, chat, prefix, settings),) = calls
+    assert (env.name, task_ids, backend, prefix) == ("textcraft", ["a", "b"], "backend", args[5])
+    assert settings == RolloutSettings(max_steps=9, max_model_len=1024, sampling=args[8])
+    assert chat.tokenizer.name_or_path.endswith(str(tiny_model_dir).rsplit("/", 1)[-1])
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "explore: 2 episodes moved to another environment server"
+    )
+    assert manifest.stage == "explore" and manifest.url == store.url("explore")
+    assert manifest.files == {"trajectories": store.url("explore", "trajectories.jsonl")}
+    assert store.read_records(manifest.files["trajectories"], Trajectory) == trajectories
+    assert manifest.counts == {
+        "episodes": 3, "successes": 1, "ended_done": 1, "ended_max_steps": 1,
+        "ended_context": 1, "retried": 2, "recoveries": 3,
+    }  # fmt: skip
+    # 1 of 3 solved; rewards 1.5 / 3; steps 18 / 3; 6 generated tokens in 2.5 s.
+    assert manifest.metrics == {
+        "success_rate": 1 / 3, "average_reward": 0.5, "average_steps": 6.0, "seconds": 2.5,
+        "generated_tokens_per_s": 2.4,
+    }  # fmt: skip
+
+
+def test_a_rollout_stage_with_no_time_measured_reports_zero_tokens_per_second(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    trajectories = [played("a", 1.0, True, 1, "done", generated=[[1, 2]])]
+    manifest, *_ = published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories,
+                                   clock=(4.0, 4.0))  # fmt: skip
+    assert manifest.metrics["seconds"] == 0.0
+    assert manifest.metrics["generated_tokens_per_s"] == 0.0
+    assert manifest.counts["retried"] == 0
+    assert "moved to another environment server" not in capsys.readouterr().out
+
+
+def test_a_rollout_stage_is_keyed_on_every_setting_and_reused_for_the_same_ones(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    from dataclasses import asdict
+
+    import agents.rollout as rollout
+
+    trajectories = [played("a", 1.0, True, 1, "done")]
+    manifest, store, calls, args = published_stage(tmp_path, tiny_model_dir, monkeypatch,
+                                                   trajectories)  # fmt: skip
+    (_, stage, model, env_settings, tasks, prefix, inference, max_steps, sampling, out) = args
+    keys = []
+    original = store.manifest
+    monkeypatch.setattr(store, "manifest",
+                        lambda url, inputs: keys.append((url, inputs)) or original(url, inputs))  # fmt: skip
+    again = rollout.rollout_to_store(*args)
+    assert len(calls) == 1, "the finished stage was played again"
+    assert again.served_from_store and again.inputs_digest == manifest.inputs_digest
+    assert keys == [
+        (out, {"stage": stage, "model": model, "env": {"name": "textcraft"}, "tasks": tasks,
+               "prefix": prefix, "inference": inference, "max_steps": 9,
+               "sampling": {"temperature": 0.5, "top_p": 1.0, "max_tokens": 7, "seed": 0}}),
+    ]  # fmt: skip
+    assert keys[0][1]["sampling"] == asdict(sampling)
+    # Another step limit is another stage: played again.
+    rollout.rollout_to_store(*args[:7], 10, *args[8:])
+    assert len(calls) == 2
+
+
+def test_a_stage_with_lost_episodes_fails_and_names_the_first(tmp_path):
+    from agents.rollout import EpisodesLost, raise_if_lost
+
+    trajectories = [
+        played("a", 1.0, True, 1, "done"),
+        played("b", 0.0, False, 1, "lost: EnvironmentUnavailable: gone"),
+        played("c", 0.0, False, 1, "lost: EnvironmentUnavailable: also gone"),
+    ]
+    with pytest.raises(EpisodesLost) as error:
+        raise_if_lost(trajectories, "s/run/trajectories.jsonl")
+    assert str(error.value) == (
+        "2 of 3 episodes were lost: no environment server could play them (first: task b: "
+        "lost: EnvironmentUnavailable: gone). All episodes, with their reasons, are in "
+        "s/run/trajectories.jsonl. Bring the servers back (env.servers) and re-run."
+    )
+    raise_if_lost(trajectories[:1] + [played("d", 0.0, False, 1, "error: lost it")], "u")
+
+
+class PlannedEnv:
+    """Tasks whose expert plans have the given lengths (None: no expert)."""
+
+    name = "toy"
+
+    def __init__(self, train: dict, test: dict):
+        self.plans = {"train": train, "test": test}
+
+    def task_ids(self, split):
+        return list(self.plans[split])
+
+    def expert_plan(self, task_id):
+        length = {**self.plans["train"], **self.plans["test"]}[task_id]
+        return None if length is None else [("t", "a")] * length
+
+
+def tasks_setting(train=None, test=None, max_expert_steps=None):
+    return SimpleNamespace(train_tasks=train, test_tasks=test, max_expert_steps=max_expert_steps)
+
+
+def test_the_expert_step_limit_keeps_plans_of_one_to_limit_steps():
+    from agents.rollout import within_expert_steps
+
+    env = PlannedEnv({"none": None, "empty": 0, "one": 1, "two": 2, "three": 3}, {})
+    ids = env.task_ids("train")
+    assert within_expert_steps(env, ids, 2) == ["one", "two"]
+    assert within_expert_steps(env, ids, 3) == ["one", "two", "three"]
+    assert within_expert_steps(env, ids, 1) == ["one"]
+    assert within_expert_steps(env, ids, None) == ids
+
+
+def test_a_task_list_is_the_eligible_tasks_or_a_seeded_sample_in_split_order():
+    from agents.rollout import select_tasks, task_list
+
+    train = {f"r{i}": 1 + i % 4 for i in range(10)}  # r3 and r7 need 4 steps
+    env = PlannedEnv(train, {"s0": 1, "s1": 5, "s2": 2})
+    assert task_list(env, "train", tasks_setting(max_expert_steps=3), 0) == [
+        "r0", "r1", "r2", "r4", "r5", "r6", "r8", "r9"
+    ]  # fmt: skip
+    assert task_list(env, "test", tasks_setting(train=1), 0) == ["s0", "s1", "s2"]
+    picked = task_list(env, "train", tasks_setting(train=3, test=1), 5)
+    assert len(picked) == 3 and picked == [t for t in env.task_ids("train") if t in picked]
+    assert picked == task_list(env, "train", tasks_setting(train=3, test=1), 5)
+    samples = {tuple(select_tasks(env.task_ids("train"), 3, seed)) for seed in range(6)}
+    assert len(samples) > 1  # the seed chooses
+    (one,) = task_list(env, "test", tasks_setting(train=9, test=1), 1)
+    assert one in ("s0", "s1", "s2")
+    assert select_tasks(["a", "b"], None, 3) == ["a", "b"]
+    assert select_tasks(["a", "b"], 2, 3) == ["a", "b"]
+
+
+def test_a_task_list_that_cannot_be_had_names_the_setting_to_change():
+    from agents.rollout import task_list
+    from flywheel.settings import ConfigError
+
+    env = PlannedEnv({"a": 3, "b": 5, "c": None}, {"x": 1, "y": 2})
+    with pytest.raises(ConfigError) as error:
+        task_list(env, "train", tasks_setting(max_expert_steps=2), 0)
+    assert str(error.value) == (
+        "env.max_expert_steps=2 leaves no train task of toy; its shortest expert plan has 0 steps"
+    )
+    with pytest.raises(ConfigError) as error:
+        task_list(PlannedEnv({"a": 3, "b": 5}, {}), "train", tasks_setting(max_expert_steps=2), 0)
+    assert str(error.value).endswith("its shortest expert plan has 3 steps")
+    with pytest.raises(ConfigError) as error:
+        task_list(env, "train", tasks_setting(train=2, max_expert_steps=4), 0)
+    assert str(error.value) == (
+        "env.train_tasks=2: the train split of toy holds 1 tasks within env.max_expert_steps=4; "
+        "ask for at most 1, or leave env.train_tasks unset for all of them"
+    )
+    with pytest.raises(ConfigError) as error:
+        task_list(env, "test", tasks_setting(train=1, test=3), 0)
+    assert str(error.value) == (
+        "env.test_tasks=3: the test split of toy holds 2 tasks; ask for at most 2, or leave "
+        "env.test_tasks unset for all of them"
+    )
+    assert task_list(env, "test", tasks_setting(test=2), 0) == ["x", "y"]  # exactly all
+
+
+def test_an_episode_ends_on_context_once_its_prompt_leaves_no_room_for_a_reply(chat):
+    from flywheel.inference import SamplingSettings
+
+    env = make_env("textcraft")
+    solved = "acacia_boat"
+    plan = [format_reply(t, a) for t, a in env.expert_plan(solved)]
+    prefix = agent_prefix(env, [])
+
+    def play(max_model_len):
+        settings = RolloutSettings(max_steps=6, max_model_len=max_model_len,
+                                   sampling=SamplingSettings(max_tokens=50))  # fmt: skip
+        backend = ScriptedBackend(chat, {solved: list(plan)})
+        (played,) = run_batched(env, [solved], backend, chat, prefix, settings, progress=False)
+        return played
+
+    full = play(100_000)
+    assert full.finish_reason == "done" and full.n_steps == 4
+    start = full.episode_start
+    # The prompt after the first reply and its observation, as the next step would send it.
+    after_one = len(chat.encode(full.messages[: start + 3])[0])
+    fits = play(after_one + len(chat.header_ids) + 50)  # exactly room for the reply
+    assert fits.n_steps == 2 and fits.finish_reason == "context"
+    assert fits.messages[-1].role == "assistant"  # the unanswered observation is dropped
+    assert fits.messages == full.messages[: start + 4]
+    tight = play(after_one + len(chat.header_ids) + 49)  # one token short
+    assert tight.n_steps == 1 and tight.finish_reason == "context"
+    assert tight.messages == full.messages[: start + 2] and not tight.success

@@ -49,6 +49,18 @@ def test_etos_defaults_reach_the_trainer_and_the_explorer(monkeypatch, tmp_path)
     ]  # one exploration per task  # fmt: skip
 
 
+def test_exploring_a_slice_per_round_walks_the_task_list_and_wraps():
+    from flywheel.settings import ExploreSettings
+
+    ids = ["a", "b", "c", "d", "e"]
+    assert ExploreSettings().tasks_for_round(ids, 3) == ids  # ETO: every task, every round
+    slices = ExploreSettings(tasks_per_round=2)
+    assert [slices.tasks_for_round(ids, r) for r in (1, 2, 3)] == [
+        ["a", "b"], ["c", "d"], ["e", "a"]
+    ]  # fmt: skip
+    assert ExploreSettings(tasks_per_round=9).tasks_for_round(ids, 2) == ids
+
+
 def test_agent_rs_defaults_reach_the_tree_search():
     from tasks.mcts import search_limits
 

@@ -32,6 +32,23 @@ class RowCounts:
         return asdict(self)
 
 
+def token_counts(rows: list[dict]) -> dict[str, int]:
+    """Tokens one epoch over `rows` forwards, and those of them that carry loss. A DPO row's
+    prompt is forwarded with each side, so it counts twice."""
+    sides = {
+        "input_ids": "assistant_masks",
+        "chosen_ids": "chosen_mask",
+        "rejected_ids": "rejected_mask",
+    }
+    tokens = loss_tokens = 0
+    for row in rows:
+        for ids, mask in sides.items():
+            if ids in row:
+                tokens += len(row[ids]) + len(row.get("prompt_ids", []))
+                loss_tokens += sum(row[mask])
+    return {"tokens_per_epoch": tokens, "loss_tokens_per_epoch": loss_tokens}
+
+
 def turns(messages: list[Message]) -> list[list[Message]]:
     """Messages grouped into turns: each agent reply with the observation(s) that follow it.
 

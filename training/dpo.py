@@ -19,7 +19,7 @@ from trl.trainer.dpo_trainer import DataCollatorForPreference
 
 from flywheel.chat import ChatTokenizer
 from flywheel.records import Pair
-from training.datasets import dpo_rows
+from training.datasets import dpo_rows, token_counts
 from training.job import (
     TrainingJob,
     load_model,
@@ -93,7 +93,7 @@ def train(job: TrainingJob) -> dict:
         data_collator=collator,
     )
     metrics = train_and_save(trainer, tokenizer, job, len(rows))
-    return {**metrics, **counts.as_metrics()} if metrics else metrics
+    return {**metrics, **counts.as_metrics(), **token_counts(rows)} if metrics else metrics
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,7 +15,7 @@ from trl import SFTConfig, SFTTrainer
 
 from flywheel.chat import ChatTokenizer
 from flywheel.records import Trajectory
-from training.datasets import sft_rows
+from training.datasets import sft_rows, token_counts
 from training.job import (
     TrainingJob,
     load_model,
@@ -46,7 +46,7 @@ def train(job: TrainingJob) -> dict:
         processing_class=tokenizer,
     )
     metrics = train_and_save(trainer, tokenizer, job, len(rows))
-    return {**metrics, **counts.as_metrics()} if metrics else metrics
+    return {**metrics, **counts.as_metrics(), **token_counts(rows)} if metrics else metrics
 
 
 def main(argv: list[str] | None = None) -> None:

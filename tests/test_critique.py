@@ -1,0 +1,265 @@
+"""The likelihood critique: verdicts chosen from log-probabilities, judged in lockstep, and (slow)
+scored by vLLM exactly as a transformers forward pass of the same tokens scores them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from pydantic import ValidationError
+
+from flywheel.chat import format_reply
+from agents.mcts import PathPair, SearchTree, TreeNode
+from flywheel.settings import AgentRConfig, CritiqueSettings, load_config
+from tasks.critique import (
+    ELIDED,
+    VERDICTS,
+    choose_verdict,
+    critique_metrics,
+    critique_pairs,
+    first_error,
+    verdict_reply,
+    verifier_question,
+)
+
+
+def step(id, parent, depth, action, observation, **terminal):
+    return TreeNode(
+        id=id, parent=parent, depth=depth, reply=format_reply(f"t{id}", action), action=action,
+        observation=observation, **terminal,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def tree() -> SearchTree:
+    """root -> 1 get a -> {2 get b -> 4 craft x (solved), 3 get z -> 5 look (failed)}."""
+    nodes = [
+        TreeNode(id=0, observation="Crafting commands: ...\n\nGoal: craft x."),
+        step(1, 0, 1, "get 1 a", "Got 1 a"),
+        step(2, 1, 2, "get 1 b", "Got 1 b"),
+        step(3, 1, 2, "get 1 z", "Got 1 z"),
+        step(
+            4, 2, 3, "craft 1 x using 1 a, 1 b", "Crafted 1 x", finish="done", score=1.0, reward=1.0
+        ),
+        step(5, 3, 3, "look", "Could not execute look", finish="max_depth", score=0.0),
+    ]
+    for n in nodes[1:]:
+        nodes[n.parent].children.append(n.id)
+    return SearchTree(task_id="acacia_boat", env="textcraft", nodes=nodes)
+
+
+def pair(good_leaf: int, bad_leaf: int, divergence: int) -> PathPair:
+    return PathPair(
+        task_id="acacia_boat", good_leaf=good_leaf, bad_leaf=bad_leaf, good_score=1.0,
+        bad_score=0.0, divergence=divergence,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("scores", "margin", "verdict"),
+    [
+        ({"good": -2.0, "bad": -1.0, "uncertain": -3.0}, 0.0, "bad"),
+        ({"good": -2.0, "bad": -1.0, "uncertain": -3.0}, 0.5, "bad"),  # leads by 1.0 > 0.5
+        ({"good": -2.0, "bad": -1.0, "uncertain": -3.0}, 1.0, "uncertain"),  # by exactly 1.0
+        ({"good": -2.0, "bad": -1.0, "uncertain": -1.5}, 0.75, "uncertain"),  # runner-up: 0.5
+        ({"good": -0.5, "bad": -4.0}, 3.0, "good"),  # leads by 3.5
+        ({"good": -0.5, "bad": -4.0}, 3.5, "uncertain"),
+        ({"good": -1.25, "bad": -1.25}, 0.0, "uncertain"),  # a tie is a close call
+        ({"good": -1.25, "bad": -1.25, "uncertain": -9.0}, 0.0, "uncertain"),
+        ({"good": -3.0, "bad": -2.0, "uncertain": -0.1}, 0.0, "uncertain"),  # most likely
+        ({"good": -7.0, "bad": -7.5}, 0.0, "good"),
+    ],
+)
+def test_the_verdict_is_the_most_likely_reply_unless_within_the_margin(scores, margin, verdict):
+    assert choose_verdict(scores, margin) == verdict
+
+
+def test_a_verdict_needs_two_scores():
+    with pytest.raises(ValueError, match="at least two"):
+        choose_verdict({"bad": -1.0})
+
+
+def test_the_first_error_is_the_first_step_scored_bad():
+    verdicts = [
+        choose_verdict({"good": -1.0, "bad": -2.0}),  # good
+        choose_verdict({"good": -1.0, "bad": -1.0}),  # tie: uncertain, the path goes on
+        choose_verdict({"good": -3.0, "bad": -2.0}),  # bad: the first error
+    ]
+    assert verdicts == ["good", "uncertain", "bad"]
+    assert first_error(verdicts, offset=2) == 4
+    assert first_error(verdicts[:2]) is None
+
+
+def test_critique_settings_default_to_likelihood_and_old_configs_still_load(tmp_path):
+    settings = CritiqueSettings()
+    assert settings.method == "likelihood" and settings.verdicts == ["good", "bad", "uncertain"]
+    assert settings.margin == 0.0
+    config = tmp_path / "agent_r.yaml"
+    config.write_text("critique:\n  max_tokens: 48\n  history_steps: 4\n")  # a config of before
+    loaded = load_config(AgentRConfig, str(config), ["critique.margin=0.5"])
+    assert loaded.critique.method == "likelihood" and loaded.critique.margin == 0.5
+    assert loaded.critique.history_steps == 4
+    for verdicts in (["good"], ["good", "good"], ["good", "uncertain"]):
+        with pytest.raises(ValidationError, match="critique.verdicts"):
+            CritiqueSettings(verdicts=verdicts)
+    with pytest.raises(ValidationError):
+        CritiqueSettings(margin=-0.1)
+
+
+def test_the_question_lists_the_verdicts_scored():
+    assert verifier_question(CritiqueSettings(verdicts=["good", "bad"])) == (
+        "Was this step good (it brings the goal closer) or bad (it fails, wastes the turn or "
+        "leads away from the goal)? Answer with one line: 'Judgement: Good' or 'Judgement: Bad'."
+    )
+    three = verifier_question(CritiqueSettings())
+    assert three.endswith("'Judgement: Good', 'Judgement: Bad' or 'Judgement: Uncertain'.")
+    assert "Reason in one sentence" in verifier_question(CritiqueSettings(method="generate"))
+
+
+class ScriptedScorer:
+    """Scores the verdict replies as if the model judged a step Bad when its action has a "z",
+    Good otherwise, and could not tell Good from Bad on "look". Records every call."""
+
+    SCORES = {
+        "bad-step": {"Good": -4.0, "Bad": -0.5, "Uncertain": -6.0},
+        "good-step": {"Good": -0.7, "Bad": -3.0, "Uncertain": -6.0},
+        "look": {"Good": -2.0, "Bad": -2.0, "Uncertain": -6.0},
+    }
+
+    def __init__(self, chat):
+        self.chat, self.calls = chat, []
+
+    def generate(self, prompts, sampling):
+        raise AssertionError("the likelihood critique generates nothing")
+
+    def score(self, prompts, continuations):
+        self.calls.append(list(zip(prompts, continuations, strict=True)))
+        scores = []
+        for prompt, continuation in zip(prompts, continuations, strict=True):
+            judged = self.chat.tokenizer.decode(prompt).split("Step to judge:\nAction: ")[-1]
+            action = judged.split("\n")[0]
+            kind = "look" if action == "look" else "bad-step" if "z" in action else "good-step"
+            reply = self.chat.tokenizer.decode(continuation)
+            word = reply.removeprefix("Judgement: ").removesuffix("<|im_end|>")
+            scores.append(self.SCORES[kind][word])
+        return scores
+
+
+def test_likelihood_critique_gives_every_step_a_verdict_in_lockstep(tree, chat):
+    pairs = [pair(4, 5, 1), pair(4, 5, 0)]  # the second judges "get 1 a" first
+    backend = ScriptedScorer(chat)
+    oracle_flags = {"acacia_boat": [False, True, True]}
+    critiques = critique_pairs(
+        pairs, {"acacia_boat": tree}, backend, chat, CritiqueSettings(), 4096,
+        lambda task_id, actions: oracle_flags[task_id], progress=False,
+    )  # fmt: skip
+    from_1, from_0 = critiques
+    assert from_1.verdicts == ["bad"] and from_1.first_error == 1
+    assert from_0.verdicts == ["good", "bad"] and from_0.first_error == 1
+    assert from_1.responses == [
+        "Judgement: Bad (log-probabilities: good -4.000, bad -0.500, uncertain -6.000)"
+    ]
+    # One score call per step position, three replies for each pair still undecided.
+    assert [len(call) for call in backend.calls] == [6, 3]
+    replies = {
+        v: chat.tokenizer(verdict_reply(v) + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        for v in ("good", "bad", "uncertain")
+    }
+    assert [c for _, c in backend.calls[0][:3]] == list(replies.values())
+    prompt = chat.tokenizer.decode(backend.calls[0][0][0])
+    assert prompt.endswith("'Judgement: Uncertain'.<|im_end|>\n<|im_start|>assistant\n")
+    assert "Reason in one sentence" not in prompt
+    metrics = critique_metrics(critiques)
+    assert metrics["verdicts_none"] == 0 and metrics["verdicts_bad"] == 2
+    assert metrics["verdicts_good"] == 1 and metrics["verdicts_uncertain"] == 0
+    assert metrics["first_error_oracle_agreement"] == 1.0
+    # The oracle's first error is step 1: at the divergence for the first pair only.
+    assert metrics["oracle_error_at_divergence_rate"] == 0.5
+
+
+def test_a_close_call_is_uncertain_and_the_path_goes_on(tree, chat):
+    """On "look" Good and Bad tie: uncertain, not bad, so no first error is found on it."""
+    backend = ScriptedScorer(chat)
+    settings = CritiqueSettings(verdicts=["good", "bad"])
+    (critique,) = critique_pairs(
+        [pair(4, 5, 2)], {"acacia_boat": tree}, backend, chat, settings, 4096, progress=False
+    )
+    assert critique.verdicts == ["uncertain"] and critique.first_error is None
+    assert [len(call) for call in backend.calls] == [2]
+    # With a margin wider than Bad's lead on "get 1 z" (3.5 nats), that step is uncertain too.
+    wide = CritiqueSettings(verdicts=["good", "bad"], margin=3.5)
+    (critique,) = critique_pairs(
+        [pair(4, 5, 1)], {"acacia_boat": tree}, backend, chat, wide, 4096, progress=False
+    )
+    assert critique.verdicts == ["uncertain", "uncertain"] and critique.first_error is None
+    assert critique_metrics([critique])["verdicts_uncertain"] == 2
+
+
+def test_a_likelihood_prompt_leaves_room_for_the_longest_reply_and_one_token(tree, chat):
+    long_tree = tree.model_copy(deep=True)
+    long_tree.nodes[3].observation = "Got 1 z. " + "Nothing happens. " * 300
+    backend = ScriptedScorer(chat)
+    critique_pairs(
+        [pair(4, 5, 1)], {"acacia_boat": long_tree}, backend, chat, CritiqueSettings(), 400,
+        progress=False,
+    )  # fmt: skip
+    longest = max(len(prompt) + len(reply) for call in backend.calls for prompt, reply in call)
+    assert longest <= 400 - 1  # vLLM generates one token after the scored reply
+    assert any(ELIDED in chat.tokenizer.decode(p) for call in backend.calls for p, _ in call)
+
+
+@pytest.mark.slow
+def test_vllm_scores_are_the_models_log_probabilities_and_every_step_gets_a_verdict(
+    tree, chat, base_model_dir
+):
+    """The real SmolLM2-135M through vLLM: every judged step has a verdict, and each score is
+    the sum of the reply tokens' log-probabilities from a transformers forward pass."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from flywheel.inference import release_vllm, shared_vllm
+
+    class Recorder:
+        def __init__(self, backend):
+            self.backend, self.calls = backend, []
+
+        def score(self, prompts, continuations):
+            scores = self.backend.score(prompts, continuations)
+            self.calls += list(zip(prompts, continuations, scores, strict=True))
+            return scores
+
+    backend = Recorder(shared_vllm(str(base_model_dir), 2048, 1))
+    try:
+        pairs = [pair(4, 5, 0), pair(4, 5, 1), pair(4, 5, 2)]
+        critiques = critique_pairs(
+            pairs, {"acacia_boat": tree}, backend, chat, CritiqueSettings(), 2048, progress=False
+        )
+        # A direct call: several prompts of different lengths in one batch.
+        prompts = [[1, 2, 3], list(range(10, 60)), [7]]
+        continuations = [[4], [60, 61, 62], [8, 9]]
+        backend.score(prompts, continuations)
+    finally:
+        release_vllm()
+    for critique in critiques:
+        assert len(critique.verdicts) >= 1
+        assert all(v in ("good", "bad", "uncertain") for v in critique.verdicts)
+        assert critique.first_error is not None or len(critique.verdicts) == 3 - critique.pair
+    assert critique_metrics(critiques)["verdicts_none"] == 0
+
+    model = AutoModelForCausalLM.from_pretrained(base_model_dir, torch_dtype=torch.float32)
+    model.eval()
+    for prompt, continuation, score in backend.calls:
+        ids = torch.tensor([prompt + continuation])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(ids).logits[0].double(), dim=-1)
+        expected = sum(
+            logprobs[len(prompt) + i - 1, token].item() for i, token in enumerate(continuation)
+        )
+        assert math.isclose(score, expected, abs_tol=1e-3), (score, expected)
+    # The verdicts follow from those scores: one triple of replies per judged step.
+    judged = backend.calls[: -len(prompts)]
+    triples = [judged[i : i + 3] for i in range(0, len(judged), 3)]
+    chosen = [
+        choose_verdict({v: s for v, (_, _, s) in zip(VERDICTS, t, strict=True)}) for t in triples
+    ]
+    assert sorted(chosen) == sorted(v for c in critiques for v in c.verdicts)
