@@ -8,8 +8,8 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from flywheel.chat import format_reply
 from agents.mcts import PathPair, SearchTree, TreeNode
+from flywheel.chat import format_reply
 from flywheel.settings import AgentRConfig, CritiqueSettings, load_config
 from tasks.critique import (
     ELIDED,

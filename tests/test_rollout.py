@@ -274,7 +274,7 @@ def test_open_backend_follows_the_inference_settings(monkeypatch):
 
 def published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories, clock=(10.0, 12.5)):
     """`rollout_to_store` with the episodes replaced by `trajectories` and a clock that reads
-    `clock` before and after them; returns the manifest, the store, the calls and the inputs."""
+    `clock` before and after them; returns its result, the store, the calls and the inputs."""
     import agents.rollout as rollout
     from flywheel.inference import SamplingSettings
     from flywheel.records import Message
@@ -290,7 +290,7 @@ def published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories, clock=(
     inference = InferenceSettings(max_model_len=1024)
     sampling = SamplingSettings(temperature=0.5, max_tokens=7)
     args = (store, "explore", f"file://{tiny_model_dir}", EnvSettings(), ["a", "b"], prefix,
-            inference, 9, sampling, store.url("explore"))  # fmt: skip
+            inference, 9, sampling, store.url("explore", "trajectories.jsonl"))  # fmt: skip
     return rollout.rollout_to_store(*args), store, calls, args
 
 
@@ -308,8 +308,8 @@ def played(task_id, reward, success, steps, finish, recoveries=0, generated=()):
 def test_a_rollout_stage_counts_and_averages_hand_made_episodes(
     tmp_path, tiny_model_dir, monkeypatch, capsys
 ):
-    from flywheel.records import Trajectory
     from agents.rollout import RolloutSettings
+    from flywheel.records import Trajectory
 
     trajectories = [
         played("a", 1.0, True, 3, "done", recoveries=2, generated=[[1, 2, 3], [4]]),
@@ -325,7 +325,6 @@ def test_a_rollout_stage_counts_and_averages_hand_made_episodes(
     assert capsys.readouterr().out.splitlines()[0] == (
         "explore: 2 episodes moved to another environment server"
     )
-    assert manifest.stage == "explore" and manifest.url == store.url("explore")
     assert manifest.files == {"trajectories": store.url("explore", "trajectories.jsonl")}
     assert store.read_records(manifest.files["trajectories"], Trajectory) == trajectories
     assert manifest.counts == {
@@ -351,33 +350,44 @@ def test_a_rollout_stage_with_no_time_measured_reports_zero_tokens_per_second(
     assert "moved to another environment server" not in capsys.readouterr().out
 
 
-def test_a_rollout_stage_is_keyed_on_every_setting_and_reused_for_the_same_ones(
+def test_an_evaluate_stage_is_keyed_on_every_input_and_reused_for_the_same_ones(
     tmp_path, tiny_model_dir, monkeypatch
 ):
-    from dataclasses import asdict
-
     import agents.rollout as rollout
+    from flywheel.inference import SamplingSettings
+    from flywheel.records import Message
+    from flywheel.settings import EnvSettings, InferenceSettings
+    from flywheel.stage import StageOutput
+    from flywheel.storage import ArtifactStore
+    from tasks.evaluate import EvaluateInputs, evaluate_stage
 
-    trajectories = [played("a", 1.0, True, 1, "done")]
-    manifest, store, calls, args = published_stage(tmp_path, tiny_model_dir, monkeypatch,
-                                                   trajectories)  # fmt: skip
-    (_, stage, model, env_settings, tasks, prefix, inference, max_steps, sampling, out) = args
-    keys = []
-    original = store.manifest
-    monkeypatch.setattr(store, "manifest",
-                        lambda url, inputs: keys.append((url, inputs)) or original(url, inputs))  # fmt: skip
-    again = rollout.rollout_to_store(*args)
+    calls = []
+    monkeypatch.setattr(rollout, "open_backend", lambda inference, model_dir, tok: "backend")
+    monkeypatch.setattr(rollout, "run_batched",
+                        lambda *args: calls.append(args) or [played("a", 1.0, True, 1, "done")])  # fmt: skip
+    store = ArtifactStore(str(tmp_path / "store"))
+    inputs = EvaluateInputs(
+        model_url=f"file://{tiny_model_dir}", env=EnvSettings(), task_ids=["a", "b"],
+        prefix=[Message(role="system", content="S")],
+        inference=InferenceSettings(max_model_len=1024, max_tokens=7), max_steps=9,
+    )  # fmt: skip
+    out = StageOutput(store_url=store.root, url=store.url("evaluate"))
+    first = evaluate_stage.fn(inputs, out)
+    again = evaluate_stage.fn(inputs, out)
     assert len(calls) == 1, "the finished stage was played again"
-    assert again.served_from_store and again.inputs_digest == manifest.inputs_digest
-    assert keys == [
-        (out, {"stage": stage, "model": model, "env": {"name": "textcraft"}, "tasks": tasks,
-               "prefix": prefix, "inference": inference, "max_steps": 9,
-               "sampling": {"temperature": 0.5, "top_p": 1.0, "max_tokens": 7, "seed": 0}}),
-    ]  # fmt: skip
-    assert keys[0][1]["sampling"] == asdict(sampling)
-    # Another step limit is another stage: played again.
-    rollout.rollout_to_store(*args[:7], 10, *args[8:])
-    assert len(calls) == 2
+    assert again.served_from_store and again.inputs_digest == first.inputs_digest
+    (_, task_ids, _, _, prefix, settings) = calls[0]
+    assert (task_ids, prefix) == (["a", "b"], inputs.prefix)
+    # Evaluation is greedy, at the inference settings' reply length.
+    assert settings == rollout.RolloutSettings(
+        max_steps=9, max_model_len=1024, sampling=SamplingSettings(temperature=0.0, max_tokens=7)
+    )
+    # Another value of any input is another stage: played again.
+    changes = [{"max_steps": 10}, {"task_ids": ["a"]}, {"prefix": []},
+               {"inference": InferenceSettings(max_model_len=1024, max_tokens=8)}]  # fmt: skip
+    for n, change in enumerate(changes, start=2):
+        evaluate_stage.fn(inputs.model_copy(update=change), out)
+        assert len(calls) == n, f"{change} was served from the store"
 
 
 def test_a_stage_with_lost_episodes_fails_and_names_the_first(tmp_path):
