@@ -7,9 +7,9 @@ import math
 
 import pytest
 from pydantic import ValidationError
+from tree_nodes import step
 
 from agents.mcts import PathPair, SearchTree, TreeNode
-from flywheel.chat import format_reply
 from flywheel.settings import AgentRConfig, CritiqueSettings, load_config
 from tasks.critique import (
     ELIDED,
@@ -21,13 +21,6 @@ from tasks.critique import (
     verdict_reply,
     verifier_question,
 )
-
-
-def step(id, parent, depth, action, observation, **terminal):
-    return TreeNode(
-        id=id, parent=parent, depth=depth, reply=format_reply(f"t{id}", action), action=action,
-        observation=observation, **terminal,
-    )  # fmt: skip
 
 
 @pytest.fixture

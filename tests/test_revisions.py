@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from tree_nodes import step
 
 from agents.mcts import Critique, PathPair, SearchTree, TreeNode, divergence
 from envs import make_env
-from flywheel.chat import format_reply
 from flywheel.inference import Generation
 from flywheel.records import Message
 from flywheel.settings import AgentRConfig, CritiqueSettings, load_config
@@ -25,13 +25,6 @@ from training.datasets import sft_rows
 
 # These tests cover the written critique: the model's reply and the verdict parsed from it.
 WRITTEN = CritiqueSettings(method="generate")
-
-
-def step(id, parent, depth, action, observation, **terminal):
-    return TreeNode(
-        id=id, parent=parent, depth=depth, reply=format_reply(f"t{id}", action), action=action,
-        observation=observation, **terminal,
-    )  # fmt: skip
 
 
 @pytest.fixture
