@@ -29,7 +29,7 @@ test-fast: install
 
 # Mutation testing of the core modules against the fast tests ([tool.mutmut] in pyproject.toml);
 # not part of `make test` (tens of minutes). `mutmut results` lists survivors, `mutmut show NAME`
-# shows one. MUTANTS narrows the run, e.g. MUTANTS='flywheel.mcts*'.
+# shows one. MUTANTS narrows the run, e.g. MUTANTS='agents.mcts*'.
 mutation: install
 	rm -rf mutants
 	nice -n 19 .venv/bin/mutmut run --max-children $(or $(MUTATION_JOBS),2) $(MUTANTS)
@@ -64,7 +64,7 @@ PREFECT_URL ?= http://127.0.0.1:4200/api
 MLFLOW_URL ?= http://127.0.0.1:5000
 
 services: install
-	$(PY) -m flywheel.services $(if $(S3),--s3)
+	$(PY) -m ops.services $(if $(S3),--s3)
 
 deploy: install
 	PREFECT_API_URL=$(PREFECT_URL) .venv/bin/prefect work-pool create flywheel-process --type process --overwrite

@@ -19,14 +19,17 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the scripted policy the tests use
 
+from scripted_policy import NoisyExpertBackend  # noqa: E402
+
+from agents.rollout import RolloutSettings, agent_prefix, run_batched  # noqa: E402
 from envs import make_env  # noqa: E402
 from envs.agentgym import ClientSettings, RemoteEnv  # noqa: E402
 from envs.serve import LocalServer  # noqa: E402
 from flywheel.chat import ChatTokenizer  # noqa: E402
-from flywheel.rollout import RolloutSettings, agent_prefix, run_batched  # noqa: E402
-from flywheel.scripted_policy import NoisyExpertBackend  # noqa: E402
 
 TARGET_OVERHEAD_MS = 2.0
 

@@ -19,13 +19,16 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the scripted policy the tests use
 
+from scripted_policy import NoisyExpertBackend  # noqa: E402
+
+from agents.mcts import SearchLimits, search  # noqa: E402
+from agents.rollout import agent_prefix, few_shot_examples  # noqa: E402
 from envs import make_env  # noqa: E402
 from flywheel.chat import ChatTokenizer  # noqa: E402
-from flywheel.mcts import SearchLimits, search  # noqa: E402
-from flywheel.rollout import agent_prefix, few_shot_examples  # noqa: E402
-from flywheel.scripted_policy import NoisyExpertBackend  # noqa: E402
 
 TARGET_STEP_RATIO = 3.0  # at depth >= 6
 

@@ -4,9 +4,9 @@ Both ways use one vLLM engine, the same model, greedy decoding and the same test
 the scheduling differs:
 
 - sequential: one request per step per episode, episode after episode (how ETO's and Agent-R's
-  clients work) -- `flywheel.rollout.run_sequential`;
+  clients work) -- `agents.rollout.run_sequential`;
 - batched: every live episode's next prompt in one `generate` call per step --
-  `flywheel.rollout.run_batched`.
+  `agents.rollout.run_batched`.
 
 The prefix cache is emptied before each way, so neither inherits the other's cached prompts. The
 script prints a markdown table (episodes/s, generated tokens/s, steps/s, prompt tokens computed
@@ -459,10 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
     from transformers import AutoTokenizer
 
-    from envs import make_env
-    from flywheel.chat import ChatTokenizer
-    from flywheel.inference import SamplingSettings, VLLMBackend
-    from flywheel.rollout import (
+    from agents.rollout import (
         RolloutSettings,
         agent_prefix,
         few_shot_examples,
@@ -470,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
         run_sequential,
         select_tasks,
     )
+    from envs import make_env
+    from flywheel.chat import ChatTokenizer
+    from flywheel.inference import SamplingSettings, VLLMBackend
 
     load = os.getloadavg()[0]
     label, model_dir = resolve_model(args)

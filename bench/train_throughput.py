@@ -113,9 +113,9 @@ def training_flops(shape: ModelShape, tokens: int, frozen_layers: int) -> float:
 
 
 def expert_data(count: int, max_expert_steps: int):
+    from agents.rollout import agent_prefix, task_list
     from envs import make_env
     from flywheel.records import Pair
-    from flywheel.rollout import agent_prefix, task_list
     from flywheel.settings import EnvSettings
     from tasks.expert_data import collect_expert
 

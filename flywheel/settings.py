@@ -170,6 +170,21 @@ class InferenceSettings(Strict):
     block_size: int | None = Field(default=32, ge=16)
 
 
+# Shipped `accelerate launch` configs; here, so settings are checked without the trainers.
+ACCELERATE_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
+
+
+def accelerate_config_file(name: str) -> str:
+    """A shipped config by name (ddp, zero2, zero3), or a path to one's own."""
+    shipped = ACCELERATE_CONFIGS / f"{name}.yaml"
+    if shipped.is_file():
+        return str(shipped)
+    if Path(name).is_file():
+        return str(Path(name).resolve())
+    names = ", ".join(sorted(p.stem for p in ACCELERATE_CONFIGS.glob("*.yaml")))
+    raise ValueError(f"accelerate_config {name!r} is neither a shipped config ({names}) nor a file")
+
+
 class TrainerSettings(Strict):
     """What SFT and DPO share: `batch_size` sequences per optimizer step, split evenly over
     `num_processes` training processes."""
@@ -184,8 +199,6 @@ class TrainerSettings(Strict):
     @classmethod
     def _accelerate_config_exists(cls, value: str | None) -> str | None:
         if value is not None:
-            from training.launch import accelerate_config_file
-
             accelerate_config_file(value)  # raises naming the shipped configs
         return value
 
@@ -378,7 +391,7 @@ class RecipeConfig(Strict):
     task_runner_address: str | None = None
     rounds: int = Field(default=2, ge=0)
     seed: int = 0
-    # Take the run's lock (flywheel/run_lock.py) even from a holder that looks alive: for a run
+    # Take the run's lock (ops/run_lock.py) even from a holder that looks alive: for a run
     # whose process is gone but whose lock has not gone stale yet (`--break-lock`).
     break_lock: bool = False
     model: ModelSettings = Field(default_factory=ModelSettings)
@@ -386,7 +399,7 @@ class RecipeConfig(Strict):
     inference: InferenceSettings = Field(default_factory=InferenceSettings)
     sft: SFTSettings = Field(default_factory=SFTSettings)  # SFT on expert trajectories
     # Expert trajectories to start from instead of the environment's expert: a published file in
-    # ETO's SFT or AgentGym's AgentTraj format (flywheel/trajectory_import.py). A plain path
+    # ETO's SFT or AgentGym's AgentTraj format (agents/trajectory_import.py). A plain path
     # becomes a file:// URL, so the expert stage's cache keys on the file's content.
     expert_file: str | None = None
 

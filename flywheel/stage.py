@@ -1,5 +1,10 @@
-"""What every stage task shares: where it stores and tracks, how it is cached, what a failure
-leaves behind.
+"""What every stage shares: where it stores and tracks, how it is cached, what a failure leaves
+behind.
+
+A stage is written as a plain function of one typed inputs object (what it reads and its
+settings) and the `StageRun` it writes into, decorated with `@stage(name)`. The decorator owns the
+rest: the content-keyed cache lookup, the MLflow child run, publishing the manifest, and the
+failure record. Its `.fn` runs all of that without Prefect; its `.body` is the bare function.
 
 A stage's cache is its manifest in the artifact store (`ArtifactStore.manifest`), keyed on its
 settings, the content of what it read and the code version; Prefect caches and persists nothing
@@ -12,17 +17,19 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from prefect import Task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 from prefect.states import Completed, State
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from flywheel.records import FailedStage, Manifest
+from flywheel.settings import EnvSettings
 from flywheel.storage import FAILED, ArtifactStore
-from flywheel.tracking import Tracker
+from flywheel.tracking import Tracker, end_status
 
 
 class TrackingRef(BaseModel):
@@ -37,17 +44,50 @@ class TrackingRef(BaseModel):
         tracker = self.tracker()
         return tracker, tracker.start(name, parent_id=self.parent_run_id)
 
-    def log_stage(self, name: str, manifest) -> None:
-        """A child run holding a finished stage's counts and metrics, and where its output is."""
-        tracker, run_id = self.stage_run(name)
-        numbers = {**manifest.counts, **manifest.metrics}
-        tracker.log_metrics(run_id, {k: float(v) for k, v in numbers.items()})
-        tracker.log_params(run_id, {"output_url": manifest.url})
-        tracker.finish(run_id)
+
+class StageOutput(BaseModel):
+    """Where a stage writes and reports: the store, the stage's folder in it, and the flow run's
+    MLflow run, under which the stage opens a child run named `<stage>/<label>` (none when
+    `tracking` is None). Not part of the cache key: a result is keyed on what it read."""
+
+    store_url: str
+    url: str
+    label: str = ""
+    tracking: TrackingRef | None = None
 
 
-def store_for(store_url: str) -> ArtifactStore:
-    return ArtifactStore(store_url)
+class StageResult(BaseModel):
+    """What a stage's body returns: the files it wrote into its folder and its numbers. The
+    decorator turns it into the published manifest."""
+
+    files: dict[str, str] = Field(default_factory=dict)  # logical name -> URL
+    counts: dict[str, int] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+
+class StageRun:
+    """A running stage's side of its output: the store, its folder, and its MLflow child run."""
+
+    def __init__(
+        self,
+        name: str,
+        output: StageOutput,
+        tracker: Tracker | None = None,
+        run_id: str | None = None,
+    ):
+        self.name = name
+        self.store = ArtifactStore(output.store_url)
+        self.url = output.url
+        self.tracker, self.run_id = tracker, run_id
+
+    def file(self, name: str) -> str:
+        """The URL of `name` inside the stage's folder."""
+        return f"{self.url}/{name}"
+
+    def tracking_env(self) -> dict[str, str]:
+        """Environment for a trainer process that logs into this stage's MLflow run."""
+        return self.tracker.subprocess_env(self.run_id) if self.tracker else {}
 
 
 def artifact_key(name: str) -> str:
@@ -91,6 +131,76 @@ def stage_task(name: str):
     return decorate
 
 
+def cache_inputs(name: str, inputs: BaseModel) -> dict:
+    """What a stage's result is keyed on (with the content of every artifact URL among them and
+    the code version, `ArtifactStore.stage_key`): its name and every field of its inputs. An
+    environment enters as its identity: the servers an episode runs on do not change it."""
+    keyed = {"stage": name}
+    for field in type(inputs).model_fields:
+        value = getattr(inputs, field)
+        keyed[field] = value.identity() if isinstance(value, EnvSettings) else value
+    return keyed
+
+
+def stage(name: str):
+    """A cached, tracked stage from `body(inputs, run) -> StageResult`.
+
+    Called as `stage_fn(inputs, out)`: a manifest published for the same key at `out.url` is
+    returned as it is (a "Cached" state in Prefect); otherwise the body runs and its result is
+    published. With `out.tracking`, a child MLflow run `<name>/<out.label>` holds the stage's
+    counts and metrics (a trainer logs into it while the body runs) and ends FAILED or KILLED
+    with the body."""
+
+    def decorate(body: Callable[[BaseModel, StageRun], StageResult]):
+        def run_stage(inputs: BaseModel, out: StageOutput) -> Manifest:
+            store = ArtifactStore(out.store_url)
+            keyed = cache_inputs(name, inputs)
+            tracker = out.tracking.tracker() if out.tracking else None
+            run_id = start_child_run(tracker, name, out) if tracker else None
+            if (done := store.manifest(out.url, keyed)) is None:
+                done = run_body(body, inputs, StageRun(name, out, tracker, run_id), keyed)
+            if run_id:
+                log_child_run(tracker, run_id, done)
+            return done
+
+        # The body's name and docstring, but this signature: Prefect names the parameters
+        # (inputs, out) from it, and the failure record reads `out` (no `__wrapped__`).
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(run_stage, attribute, getattr(body, attribute))
+        task = stage_task(name)(run_stage)
+        task.body = body
+        return task
+
+    return decorate
+
+
+def run_body(body, inputs: BaseModel, run: StageRun, keyed: dict) -> Manifest:
+    """Run the stage's body and publish its result under `keyed`; a failure ends the stage's
+    MLflow run FAILED (KILLED when told to stop), never FINISHED."""
+    try:
+        result = body(inputs, run)
+        manifest = Manifest(stage=run.name, url=run.url, **result.model_dump())
+        return run.store.publish(manifest, keyed)
+    except BaseException as error:
+        if run.run_id:
+            run.tracker.finish(run.run_id, end_status(error))
+        raise
+
+
+def start_child_run(tracker: Tracker, name: str, out: StageOutput) -> str:
+    label = out.label or out.url.rstrip("/").rsplit("/", 1)[-1]
+    return tracker.start(f"{name}/{label}", parent_id=out.tracking.parent_run_id)
+
+
+def log_child_run(tracker: Tracker, run_id: str, manifest: Manifest) -> None:
+    """A finished stage's counts and metrics, and where its output is; then the run ends."""
+    numbers = {**manifest.counts, **manifest.metrics}
+    tracker.log_metrics(run_id, {k: float(v) for k, v in numbers.items()})
+    # A tag, not a param: a run reused for the same stage and label may be told again.
+    tracker.client.set_tag(run_id, "flywheel.output_url", manifest.url)
+    tracker.finish(run_id)
+
+
 def record_failed_stage(task, task_run, state) -> None:
     """Prefect on_failure hook: write `_FAILED.json` into the stage's folder (the error, the
     input URLs, what the stage had written, the MLflow run) and show it as a Prefect artifact,
@@ -99,11 +209,15 @@ def record_failed_stage(task, task_run, state) -> None:
 
     context = TaskRunContext.get()
     params = context.parameters if context else {}
-    store_url, out_url = params.get("store_url"), params.get("out_url")
+    store_url, out_url, tracking = params.get("store_url"), params.get("out_url"), None
+    if isinstance(out := params.get("out"), StageOutput):  # a `stage`: (inputs, out)
+        store_url, out_url, tracking = out.store_url, out.url, out.tracking
+        params = fields_of(params)
+    else:
+        tracking = params.get("tracking")
     if not (store_url and out_url):
         return
     store = ArtifactStore(store_url)
-    tracking = params.get("tracking")
     record = FailedStage(
         stage=task.name,
         task_run=task_run.name,
@@ -131,6 +245,16 @@ def failure_message(state) -> str:
     if isinstance(error, BaseException):
         return f"{type(error).__name__}: {error}"
     return state.message or "failed"
+
+
+def fields_of(params: dict) -> dict:
+    """A `stage`'s parameters as the fields of its inputs object (where its URLs are)."""
+    found = {}
+    for name, value in params.items():
+        if isinstance(value, StageOutput):
+            continue
+        found.update(dict(value) if isinstance(value, BaseModel) else {name: value})
+    return found
 
 
 def url_inputs(params: dict) -> dict[str, str | list[str]]:

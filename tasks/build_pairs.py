@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flywheel.records import Manifest, Message, Pair, Trajectory
-from flywheel.stage import stage_task
-from flywheel.storage import ArtifactStore
+from pydantic import BaseModel
+
+from flywheel.records import Message, Pair, Trajectory
+from flywheel.stage import StageResult, StageRun, stage
 
 
 @dataclass
@@ -76,24 +77,21 @@ def build_pairs(
     return pairs, report
 
 
-@stage_task("build-pairs")
-def build_pairs_stage(
-    store_url: str, explored_urls: list[str], expert_url: str, out_url: str, extra_turns: int
-) -> Manifest:
-    store = ArtifactStore(store_url)
-    inputs = {"explored": explored_urls, "expert": expert_url, "extra_turns": extra_turns}
-    if (done := store.manifest(out_url, inputs)) is not None:
-        return done
-    explored = [t for url in explored_urls for t in store.read_records(url, Trajectory)]
-    expert = store.read_records(expert_url, Trajectory)
-    pairs, report = build_pairs(explored, expert, extra_turns)
-    pairs_url = store.write_records(f"{out_url}/pairs.jsonl", pairs)
-    return store.publish(
-        Manifest(
-            stage="build-pairs",
-            url=out_url,
-            files={"pairs": pairs_url},
-            counts={"pairs": len(pairs), **vars(report)},
-        ),
-        inputs,
+class BuildPairsInputs(BaseModel):
+    """Every exploration shard's trajectories against the expert's on the same task."""
+
+    explored_urls: list[str]
+    expert_url: str
+    extra_turns: int  # a losing exploration is cut to the expert's length plus this many turns
+
+
+@stage("build-pairs")
+def build_pairs_stage(inputs: BuildPairsInputs, run: StageRun) -> StageResult:
+    store = run.store
+    explored = [t for url in inputs.explored_urls for t in store.read_records(url, Trajectory)]
+    expert = store.read_records(inputs.expert_url, Trajectory)
+    pairs, report = build_pairs(explored, expert, inputs.extra_turns)
+    return StageResult(
+        files={"pairs": store.write_records(run.file("pairs.jsonl"), pairs)},
+        counts={"pairs": len(pairs), **vars(report)},
     )

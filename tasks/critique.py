@@ -20,14 +20,15 @@ import re
 import time
 from dataclasses import dataclass
 
+from pydantic import BaseModel
 from tqdm import tqdm
 
+from agents.mcts import Critique, PathPair, SearchTree, TreeNode
 from flywheel.chat import ChatTokenizer
 from flywheel.inference import InferenceBackend, SamplingSettings
-from flywheel.mcts import Critique, PathPair, SearchTree, TreeNode
-from flywheel.records import Manifest, Message
+from flywheel.records import Message
 from flywheel.settings import CritiqueSettings, EnvSettings, InferenceSettings
-from flywheel.stage import stage_task, store_for
+from flywheel.stage import StageResult, StageRun, stage
 
 VERIFIER_SYSTEM = "You review an agent's work one step at a time and say whether a step was right."
 VERDICTS = ("good", "bad", "uncertain")  # the order the question lists them in
@@ -300,53 +301,44 @@ def _share(items: list, predicate) -> float:
     return sum(1 for item in items if predicate(item)) / len(items) if items else 0.0
 
 
-@stage_task("critique")
-def critique_stage(
-    store_url: str,
-    model_url: str,
-    env: EnvSettings,
-    trees_url: str,
-    pairs_url: str,
-    inference: InferenceSettings,
-    settings: CritiqueSettings,
-    out_url: str,
-) -> Manifest:
-    store = store_for(store_url)
-    inputs = {
-        "model": model_url, "env": env.identity(), "trees": trees_url, "pairs": pairs_url,
-        "inference": inference, "settings": settings,
-    }  # fmt: skip
-    if (done := store.manifest(out_url, inputs)) is not None:
-        return done
+class CritiqueInputs(BaseModel):
+    """The actor model judges the bad path of each pair (select-paths) in its tree (mcts)."""
+
+    model_url: str  # the judge: the policy that searched the trees
+    env: EnvSettings  # its oracle, where it has one, scores the judge
+    trees_url: str
+    pairs_url: str
+    inference: InferenceSettings
+    settings: CritiqueSettings
+
+
+@stage("critique")
+def critique_stage(inputs: CritiqueInputs, run: StageRun) -> StageResult:
     from transformers import AutoTokenizer
 
+    from agents.rollout import open_backend
     from envs import make_env
-    from flywheel.rollout import open_backend
 
-    pairs = store.read_records(pairs_url, PathPair)
-    trees = {t.task_id: t for t in store.read_records(trees_url, SearchTree)}
+    store, inference = run.store, inputs.inference
+    pairs = store.read_records(inputs.pairs_url, PathPair)
+    trees = {t.task_id: t for t in store.read_records(inputs.trees_url, SearchTree)}
     started = time.perf_counter()
     critiques = []
     if pairs:  # no model is loaded for nothing
-        model_dir = str(store.local_dir(model_url))
+        model_dir = str(store.local_dir(inputs.model_url))
         chat = ChatTokenizer(AutoTokenizer.from_pretrained(model_dir))
         backend = open_backend(inference, model_dir, chat.tokenizer)
-        oracle = make_env(env).mistakes
+        oracle = make_env(inputs.env).mistakes
         critiques = critique_pairs(
-            pairs, trees, backend, chat, settings, inference.max_model_len, oracle
+            pairs, trees, backend, chat, inputs.settings, inference.max_model_len, oracle
         )
     metrics = critique_metrics(critiques)
     metrics["seconds"] = time.perf_counter() - started
-    return store.publish(
-        Manifest(
-            stage="critique",
-            url=out_url,
-            files={"critiques": store.write_records(f"{out_url}/critiques.jsonl", critiques)},
-            counts={
-                "pairs": len(critiques),
-                "first_errors_found": sum(c.first_error is not None for c in critiques),
-            },
-            metrics=metrics,
-        ),
-        inputs,
+    return StageResult(
+        files={"critiques": store.write_records(run.file("critiques.jsonl"), critiques)},
+        counts={
+            "pairs": len(critiques),
+            "first_errors_found": sum(c.first_error is not None for c in critiques),
+        },
+        metrics=metrics,
     )

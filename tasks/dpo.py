@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from flywheel.records import Manifest
+from pydantic import BaseModel
+
 from flywheel.settings import DPOSettings
-from flywheel.stage import TrackingRef, stage_task, store_for
-from training.launch import trainer_stage
+from flywheel.stage import StageResult, StageRun, stage
+from training.launch import trained_model
 
 
 def dpo_trl_args(settings: DPOSettings, seed: int) -> dict:
@@ -23,18 +24,19 @@ def dpo_trl_args(settings: DPOSettings, seed: int) -> dict:
     }
 
 
-@stage_task("dpo")
-def dpo_stage(
-    store_url: str,
-    label: str,
-    model_url: str,
-    pairs_url: str,
-    settings: DPOSettings,
-    seed: int,
-    out_url: str,
-    tracking: TrackingRef | None = None,
-) -> Manifest:
-    return trainer_stage(
-        "dpo", "training.dpo", store_for(store_url), label, model_url, pairs_url, out_url,
-        settings, dpo_trl_args(settings, seed), tracking,
-    )  # fmt: skip
+class DPOInputs(BaseModel):
+    """The policy to improve (also DPO's reference model) and its preference pairs."""
+
+    model_url: str
+    pairs_url: str  # `Pair` records: chosen and rejected continuations of one prompt
+    settings: DPOSettings  # the round's: `DPOSettings.for_round`
+    seed: int
+
+
+@stage("dpo")
+def dpo_stage(inputs: DPOInputs, run: StageRun) -> StageResult:
+    """The DPO'd policy in `model/`, trl's log in `train.log`, its last metrics."""
+    trl_args = dpo_trl_args(inputs.settings, inputs.seed)
+    return trained_model(
+        run, "training.dpo", inputs.model_url, inputs.pairs_url, inputs.settings, trl_args
+    )

@@ -2,34 +2,30 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel
+
+from agents.rollout import rollout_to_store
 from flywheel.inference import SamplingSettings
-from flywheel.records import Manifest, Message
-from flywheel.rollout import rollout_to_store
+from flywheel.records import Message
 from flywheel.settings import EnvSettings, InferenceSettings
-from flywheel.stage import TrackingRef, stage_task, store_for
+from flywheel.stage import StageResult, StageRun, stage
 
 
-@stage_task("evaluate")
-def evaluate_stage(
-    store_url: str,
-    label: str,
-    model_url: str,
-    env: EnvSettings,
-    task_ids: list[str],
-    prefix: list[Message],
-    inference: InferenceSettings,
-    max_steps: int,
-    out_url: str,
-    tracking: TrackingRef | None = None,
-) -> Manifest:
-    sampling = SamplingSettings(temperature=0.0, max_tokens=inference.max_tokens)
-    manifest = rollout_to_store(
-        store_for(store_url), "evaluate", model_url, env, task_ids, prefix,
-        inference, max_steps, sampling, out_url,
+class EvaluateInputs(BaseModel):
+    """One greedy episode of the model per test task."""
+
+    model_url: str
+    env: EnvSettings
+    task_ids: list[str]  # the held-out test tasks
+    prefix: list[Message]  # prompted as the model was trained (the untrained: with examples)
+    inference: InferenceSettings
+    max_steps: int
+
+
+@stage("evaluate")
+def evaluate_stage(inputs: EvaluateInputs, run: StageRun) -> StageResult:
+    sampling = SamplingSettings(temperature=0.0, max_tokens=inputs.inference.max_tokens)
+    return rollout_to_store(
+        run.store, "evaluate", inputs.model_url, inputs.env, inputs.task_ids, inputs.prefix,
+        inputs.inference, inputs.max_steps, sampling, run.file("trajectories.jsonl"),
     )  # fmt: skip
-    if tracking:
-        tracker, run_id = tracking.stage_run(f"evaluate/{label}")
-        tracker.log_metrics(run_id, manifest.metrics)
-        tracker.log_params(run_id, {"model_url": model_url, "episodes": len(task_ids)})
-        tracker.finish(run_id)
-    return manifest

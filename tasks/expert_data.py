@@ -3,20 +3,21 @@
 They come from the environment's expert (TextCraft: a solver over the listed recipes) or from a
 published file in ETO's SFT or AgentGym's AgentTraj format (`expert_file`, a URL so the cache
 keys on its content); the manifest counts what the file held, what was imported, which ids were
-mapped and what was dropped and why (flywheel/trajectory_import.py).
+mapped and what was dropped and why (agents/trajectory_import.py).
 """
 
 from __future__ import annotations
 
+from pydantic import BaseModel
 from tqdm import tqdm
 
+from agents.eto_format import write_eto_sft
+from agents.rollout import expert_trajectory
+from agents.trajectory_import import import_trajectories, recording_notes
 from envs import make_env
-from flywheel.eto_format import write_eto_sft
-from flywheel.records import Manifest, Message, Trajectory
-from flywheel.rollout import expert_trajectory
+from flywheel.records import Message, Trajectory
 from flywheel.settings import EnvSettings
-from flywheel.stage import stage_task, store_for
-from flywheel.trajectory_import import import_trajectories, recording_notes
+from flywheel.stage import StageResult, StageRun, stage
 
 
 def collect_expert(
@@ -30,27 +31,21 @@ def collect_expert(
     return solved, unsolved
 
 
-@stage_task("expert-trajectories")
-def expert_data_stage(
-    store_url: str,
-    env: EnvSettings,
-    task_ids: list[str],
-    prefix: list[Message],
-    out_url: str,
-    expert_file: str | None = None,
-) -> Manifest:
-    store = store_for(store_url)
-    inputs = {
-        "env": env.identity(),
-        "tasks": task_ids,
-        "prefix": prefix,
-        "expert_file": expert_file,
-    }
-    if (done := store.manifest(out_url, inputs)) is not None:
-        return done
+class ExpertDataInputs(BaseModel):
+    """The train tasks to collect expert trajectories for, in the agent's chat format."""
+
+    env: EnvSettings
+    task_ids: list[str]
+    prefix: list[Message]
+    expert_file: str | None = None  # a published file instead of the environment's expert
+
+
+@stage("expert-trajectories")
+def expert_data_stage(inputs: ExpertDataInputs, run: StageRun) -> StageResult:
+    store, env, task_ids, prefix = run.store, inputs.env, inputs.task_ids, inputs.prefix
     counts, notes = {}, []
-    if expert_file:
-        items = store.read_json(expert_file)
+    if inputs.expert_file:
+        items = store.read_json(inputs.expert_file)
         trajectories, imported = import_trajectories(items, env.name, prefix, task_ids)
         unsolved = sorted(set(task_ids) - {t.task_id for t in trajectories})
         counts = imported.counts()
@@ -58,17 +53,12 @@ def expert_data_stage(
         notes += imported.notes()
     else:
         trajectories, unsolved = collect_expert(make_env(env), task_ids, prefix)
-    url = store.write_records(f"{out_url}/expert.jsonl", trajectories)
-    eto_url = store.write_json(f"{out_url}/eto_sft.json", write_eto_sft(trajectories))
+    url = store.write_records(run.file("expert.jsonl"), trajectories)
+    eto_url = store.write_json(run.file("eto_sft.json"), write_eto_sft(trajectories))
     if unsolved:
         notes.append(f"no expert trajectory for: {', '.join(unsolved)}")
-    return store.publish(
-        Manifest(
-            stage="expert-trajectories",
-            url=out_url,
-            files={"trajectories": url, "eto_sft": eto_url},
-            counts={"trajectories": len(trajectories), "unsolved": len(unsolved), **counts},
-            notes=notes,
-        ),
-        inputs,
+    return StageResult(
+        files={"trajectories": url, "eto_sft": eto_url},
+        counts={"trajectories": len(trajectories), "unsolved": len(unsolved), **counts},
+        notes=notes,
     )

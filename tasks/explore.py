@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel
+
+from agents.rollout import rollout_to_store
 from flywheel.inference import SamplingSettings
-from flywheel.records import Manifest, Message
-from flywheel.rollout import rollout_to_store
-from flywheel.settings import EnvSettings, ExploreSettings, InferenceSettings
-from flywheel.stage import stage_task, store_for
+from flywheel.records import Message
+from flywheel.settings import EnvSettings, InferenceSettings
+from flywheel.stage import StageResult, StageRun, stage
 
 
 def shard(task_ids: list[str], shards: int, samples_per_task: int) -> list[list[str]]:
@@ -16,23 +18,25 @@ def shard(task_ids: list[str], shards: int, samples_per_task: int) -> list[list[
     return [p for p in parts if p]
 
 
-@stage_task("explore-shard")
-def explore_stage(
-    store_url: str,
-    model_url: str,
-    env: EnvSettings,
-    task_ids: list[str],
-    prefix: list[Message],
-    inference: InferenceSettings,
-    explore: ExploreSettings,
-    max_steps: int,
-    seed: int,
-    out_url: str,
-) -> Manifest:
+class ExploreInputs(BaseModel):
+    """One shard of the policy's episodes on train tasks (a task repeated per sample)."""
+
+    model_url: str
+    env: EnvSettings
+    task_ids: list[str]  # this shard's (`shard`)
+    prefix: list[Message]
+    inference: InferenceSettings
+    temperature: float  # ETO explores greedily: 0
+    max_steps: int
+    seed: int  # per round and shard, so shards sample differently
+
+
+@stage("explore-shard")
+def explore_stage(inputs: ExploreInputs, run: StageRun) -> StageResult:
     sampling = SamplingSettings(
-        temperature=explore.temperature, max_tokens=inference.max_tokens, seed=seed
+        temperature=inputs.temperature, max_tokens=inputs.inference.max_tokens, seed=inputs.seed
     )
     return rollout_to_store(
-        store_for(store_url), "explore", model_url, env, task_ids, prefix,
-        inference, max_steps, sampling, out_url,
+        run.store, "explore", inputs.model_url, inputs.env, inputs.task_ids, inputs.prefix,
+        inputs.inference, inputs.max_steps, sampling, run.file("trajectories.jsonl"),
     )  # fmt: skip

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import time
 
+from pydantic import BaseModel
+
+from agents.mcts import SearchLimits, SearchTree, render, search
 from flywheel.inference import SamplingSettings
-from flywheel.mcts import SearchLimits, SearchTree, render, search
-from flywheel.records import Manifest, Message
+from flywheel.records import Message
 from flywheel.settings import EnvSettings, InferenceSettings, MCTSSettings
-from flywheel.stage import stage_task, store_for
+from flywheel.stage import StageResult, StageRun, stage
 
 
 def search_limits(settings: MCTSSettings, inference: InferenceSettings, seed: int) -> SearchLimits:
@@ -43,57 +45,47 @@ def tree_counts(trees: list[SearchTree]) -> dict[str, int]:
     }
 
 
-@stage_task("mcts")
-def mcts_stage(
-    store_url: str,
-    model_url: str,
-    env: EnvSettings,
-    task_ids: list[str],
-    prefix: list[Message],
-    inference: InferenceSettings,
-    settings: MCTSSettings,
-    seed: int,
-    out_url: str,
-) -> Manifest:
-    store = store_for(store_url)
-    inputs = {
-        "model": model_url, "env": env.identity(), "tasks": task_ids, "prefix": prefix,
-        "inference": inference, "settings": settings, "seed": seed,
-    }  # fmt: skip
-    if (done := store.manifest(out_url, inputs)) is not None:
-        return done
+class MCTSInputs(BaseModel):
+    """One tree per task, grown by sampling the model at each node (`search_limits`)."""
+
+    model_url: str
+    env: EnvSettings
+    task_ids: list[str]  # one tree each
+    prefix: list[Message]  # system prompt before each task's instruction
+    inference: InferenceSettings
+    settings: MCTSSettings
+    seed: int  # sampling and tie-breaking; the flow varies it per round
+
+
+@stage("mcts")
+def mcts_stage(inputs: MCTSInputs, run: StageRun) -> StageResult:
     from transformers import AutoTokenizer
 
+    from agents.rollout import open_backend
     from envs import make_env
     from flywheel.chat import ChatTokenizer
-    from flywheel.rollout import open_backend
 
-    model_dir = str(store.local_dir(model_url))
+    store = run.store
+    model_dir = str(store.local_dir(inputs.model_url))
     chat = ChatTokenizer(AutoTokenizer.from_pretrained(model_dir))
-    backend = open_backend(inference, model_dir, chat.tokenizer)
+    backend = open_backend(inputs.inference, model_dir, chat.tokenizer)
+    limits = search_limits(inputs.settings, inputs.inference, inputs.seed)
     started = time.perf_counter()
     trees = search(
-        make_env(env), task_ids, backend, chat, prefix,
-        search_limits(settings, inference, seed), seed,
-    )  # fmt: skip
+        make_env(inputs.env), inputs.task_ids, backend, chat, inputs.prefix, limits, inputs.seed
+    )
     seconds = time.perf_counter() - started
     counts = tree_counts(trees)
-    return store.publish(
-        Manifest(
-            stage="mcts",
-            url=out_url,
-            files={
-                "trees": store.write_records(f"{out_url}/trees.jsonl", trees),
-                "outline": store.write_text(
-                    f"{out_url}/trees.txt", "\n\n".join(render(t) for t in trees)
-                ),
-            },
-            counts=counts,
-            metrics={
-                "seconds": seconds,
-                "nodes_per_s": counts["nodes"] / seconds if seconds else 0.0,
-                "env_steps_per_expansion": counts["env_steps"] / max(1, counts["expansions"]),
-            },
-        ),
-        inputs,
+    outline = "\n\n".join(render(t) for t in trees)
+    return StageResult(
+        files={
+            "trees": store.write_records(run.file("trees.jsonl"), trees),
+            "outline": store.write_text(run.file("trees.txt"), outline),
+        },
+        counts=counts,
+        metrics={
+            "seconds": seconds,
+            "nodes_per_s": counts["nodes"] / seconds if seconds else 0.0,
+            "env_steps_per_expansion": counts["env_steps"] / max(1, counts["expansions"]),
+        },
     )

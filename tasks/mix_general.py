@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import random
 
-from flywheel.records import Manifest, Message, Trajectory
-from flywheel.settings import GeneralDataSettings
-from flywheel.stage import stage_task, store_for
+from pydantic import BaseModel
+
+from flywheel.records import Message, Trajectory
+from flywheel.stage import StageResult, StageRun, stage
 
 GENERAL_SYSTEM_PROMPT = "You are a helpful assistant."
 
@@ -67,24 +68,22 @@ def mix(
     return mixed
 
 
-@stage_task("mix-general")
-def mix_general_stage(
-    store_url: str, data_url: str, general: GeneralDataSettings, seed: int, out_url: str
-) -> Manifest:
-    store = store_for(store_url)
-    inputs = {"data": data_url, "general": general.url, "eta": general.eta, "seed": seed}
-    if (done := store.manifest(out_url, inputs)) is not None:
-        return done
-    trajectories = store.read_records(data_url, Trajectory)
-    examples = read_general(store.read_text(general.url), general.url)
-    mixed = mix(trajectories, examples, general.eta, seed)
-    url = store.write_records(f"{out_url}/trajectories.jsonl", mixed)
-    return store.publish(
-        Manifest(
-            stage="mix-general",
-            url=out_url,
-            files={"trajectories": url},
-            counts={"trajectories": len(trajectories), "general": len(mixed) - len(trajectories)},
-        ),
-        inputs,
+class MixGeneralInputs(BaseModel):
+    """Revision trajectories and a file of general instruction/response rows to mix in."""
+
+    data_url: str
+    general_url: str  # a URL, so the cache keys on the file's content (`GeneralDataSettings.url`)
+    eta: float
+    seed: int
+
+
+@stage("mix-general")
+def mix_general_stage(inputs: MixGeneralInputs, run: StageRun) -> StageResult:
+    store = run.store
+    trajectories = store.read_records(inputs.data_url, Trajectory)
+    examples = read_general(store.read_text(inputs.general_url), inputs.general_url)
+    mixed = mix(trajectories, examples, inputs.eta, inputs.seed)
+    return StageResult(
+        files={"trajectories": store.write_records(run.file("trajectories.jsonl"), mixed)},
+        counts={"trajectories": len(trajectories), "general": len(mixed) - len(trajectories)},
     )

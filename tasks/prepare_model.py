@@ -5,10 +5,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from flywheel.model import convert_base_model, make_tiny_model
-from flywheel.records import Manifest
 from flywheel.settings import BUILTIN_MODELS
-from flywheel.stage import stage_task, store_for
+from flywheel.stage import StageResult, StageRun, stage
 from flywheel.storage import ArtifactStore
 
 
@@ -17,27 +18,23 @@ def model_stage_url(store: ArtifactStore, base: str) -> str:
     return store.url("models", base if base in BUILTIN_MODELS else Path(base).name)
 
 
-def prepare_model(store: ArtifactStore, base: str, out_url: str | None = None) -> Manifest:
+class PrepareModelInputs(BaseModel):
+    base: str  # `smollm2-135m`, `tiny`, or a model folder
+
+
+@stage("prepare-model")
+def prepare_model_stage(inputs: PrepareModelInputs, run: StageRun) -> StageResult:
     """`smollm2-135m` and `tiny` are built under `<store>/models/`; a folder is used as it is."""
-    out_url = out_url or model_stage_url(store, base)
-    if (done := store.manifest(out_url, {"base": base})) is not None:
-        return done
+    store, base = run.store, inputs.base
     if base not in BUILTIN_MODELS:
-        model_url = "file://" + base
+        return StageResult(files={"model": "file://" + base})
+    # Converted once per machine (cache), then copied into this store.
+    source = convert_base_model(store.cache_dir / "models" / "smollm2-135m")
+    if base == "tiny":
+        source = make_tiny_model(store.cache_dir / "models" / "tiny", source)
+    model_url = run.file("model")
+    if store.is_local:
+        shutil.copytree(source, store.write_dir(model_url), dirs_exist_ok=True)
     else:
-        # Converted once per machine (cache), then copied into this store.
-        source = convert_base_model(store.cache_dir / "models" / "smollm2-135m")
-        if base == "tiny":
-            source = make_tiny_model(store.cache_dir / "models" / "tiny", source)
-        model_url = f"{out_url}/model"
-        if store.is_local:
-            shutil.copytree(source, store.write_dir(model_url), dirs_exist_ok=True)
-        else:
-            store.upload_dir(source, model_url)
-    manifest = Manifest(stage="prepare-model", url=out_url, files={"model": model_url})
-    return store.publish(manifest, {"base": base})
-
-
-@stage_task("prepare-model")
-def prepare_model_stage(store_url: str, base: str, out_url: str | None = None) -> Manifest:
-    return prepare_model(store_for(store_url), base, out_url)
+        store.upload_dir(source, model_url)
+    return StageResult(files={"model": model_url})

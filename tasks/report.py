@@ -12,7 +12,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flywheel.confidence import wilson_interval
 from flywheel.records import Manifest
-from flywheel.stage import TrackingRef, artifact_key, store_for
+from flywheel.stage import TrackingRef, artifact_key
+from flywheel.storage import ArtifactStore
 
 
 def results_rows(evaluations: list[tuple[str, Manifest]]) -> list[dict]:
@@ -85,7 +86,7 @@ def report_stage(
     tracking: TrackingRef | None = None,
 ) -> str:
     """Not cached: every flow run writes its own report into its own MLflow parent run."""
-    store = store_for(store_url)
+    store = ArtifactStore(store_url)
     rows = results_rows(evaluations)
     table = markdown_table(rows)
     png = success_plot(rows, title)

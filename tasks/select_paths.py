@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import random
 
-from flywheel.mcts import PathPair, SearchTree, divergence
-from flywheel.records import Manifest
-from flywheel.stage import stage_task, store_for
+from pydantic import BaseModel
+
+from agents.mcts import PathPair, SearchTree, divergence
+from flywheel.stage import StageResult, StageRun, stage
 
 
 def select_pairs(
@@ -57,45 +58,40 @@ def select_good(tree: SearchTree, alpha: float, cap: int) -> list[int]:
     return [leaf.id for leaf in good[:cap]]
 
 
-@stage_task("select-paths")
-def select_paths_stage(
-    store_url: str,
-    trees_url: str,
-    alpha: float,
-    beta: float,
-    max_pairs_per_task: int,
-    max_good_per_task: int,
-    seed: int,
-    out_url: str,
-) -> Manifest:
-    store = store_for(store_url)
-    inputs = {
-        "trees": trees_url, "alpha": alpha, "beta": beta, "pairs": max_pairs_per_task,
-        "good": max_good_per_task, "seed": seed,
-    }  # fmt: skip
-    if (done := store.manifest(out_url, inputs)) is not None:
-        return done
-    trees = store.read_records(trees_url, SearchTree)
-    pairs = [p for t in trees for p in select_pairs(t, alpha, beta, max_pairs_per_task, seed)]
+class SelectPathsInputs(BaseModel):
+    """Thresholds on normalised leaf scores (see the module's docstring) and caps per tree."""
+
+    trees_url: str
+    alpha: float  # a good leaf scores at least this
+    beta: float  # and beats its bad leaf by more than this
+    max_pairs_per_task: int
+    max_good_per_task: int  # good paths kept for the good-paths data
+    seed: int  # which pairs, when more pass than the cap
+
+
+@stage("select-paths")
+def select_paths_stage(inputs: SelectPathsInputs, run: StageRun) -> StageResult:
+    store, alpha = run.store, inputs.alpha
+    trees = store.read_records(inputs.trees_url, SearchTree)
+    pairs = [
+        p
+        for t in trees
+        for p in select_pairs(t, alpha, inputs.beta, inputs.max_pairs_per_task, inputs.seed)
+    ]
     good = [
         {"task_id": t.task_id, "leaf": leaf}
         for t in trees
-        for leaf in select_good(t, alpha, max_good_per_task)
+        for leaf in select_good(t, alpha, inputs.max_good_per_task)
     ]
-    return store.publish(
-        Manifest(
-            stage="select-paths",
-            url=out_url,
-            files={
-                "pairs": store.write_records(f"{out_url}/pairs.jsonl", pairs),
-                "good": store.write_json(f"{out_url}/good.json", good),
-            },
-            counts={
-                "pairs": len(pairs),
-                "good_paths": len(good),
-                "tasks_with_pairs": len({p.task_id for p in pairs}),
-            },
-            metrics={"alpha": alpha, "beta": beta},
-        ),
-        inputs,
+    return StageResult(
+        files={
+            "pairs": store.write_records(run.file("pairs.jsonl"), pairs),
+            "good": store.write_json(run.file("good.json"), good),
+        },
+        counts={
+            "pairs": len(pairs),
+            "good_paths": len(good),
+            "tasks_with_pairs": len({p.task_id for p in pairs}),
+        },
+        metrics={"alpha": alpha, "beta": inputs.beta},
     )

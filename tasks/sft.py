@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from flywheel.records import Manifest
+from pydantic import BaseModel
+
 from flywheel.settings import SFTSettings
-from flywheel.stage import TrackingRef, stage_task, store_for
-from training.launch import trainer_stage
+from flywheel.stage import StageResult, StageRun, stage
+from training.launch import trained_model
 
 
 def sft_trl_args(settings: SFTSettings, seed: int) -> dict:
@@ -20,18 +21,19 @@ def sft_trl_args(settings: SFTSettings, seed: int) -> dict:
     }
 
 
-@stage_task("sft")
-def sft_stage(
-    store_url: str,
-    label: str,
-    model_url: str,
-    data_url: str,
-    settings: SFTSettings,
-    seed: int,
-    out_url: str,
-    tracking: TrackingRef | None = None,
-) -> Manifest:
-    return trainer_stage(
-        "sft", "training.sft", store_for(store_url), label, model_url, data_url, out_url,
-        settings, sft_trl_args(settings, seed), tracking,
-    )  # fmt: skip
+class SFTInputs(BaseModel):
+    """The model to start from and the trajectories to fine-tune it on."""
+
+    model_url: str
+    data_url: str  # trajectories; turns flagged `loss` are trained on
+    settings: SFTSettings
+    seed: int
+
+
+@stage("sft")
+def sft_stage(inputs: SFTInputs, run: StageRun) -> StageResult:
+    """The fine-tuned model in `model/`, trl's log in `train.log`, its last metrics."""
+    trl_args = sft_trl_args(inputs.settings, inputs.seed)
+    return trained_model(
+        run, "training.sft", inputs.model_url, inputs.data_url, inputs.settings, trl_args
+    )

@@ -14,11 +14,13 @@ from __future__ import annotations
 import random
 from typing import Literal
 
+from pydantic import BaseModel
+
+from agents.mcts import Critique, PathPair, SearchTree, step_messages
 from flywheel.chat import format_observation, format_reply
-from flywheel.mcts import Critique, PathPair, SearchTree, step_messages
-from flywheel.records import Manifest, Message, Trajectory
+from flywheel.records import Message, Trajectory
 from flywheel.settings import EnvSettings
-from flywheel.stage import stage_task, store_for
+from flywheel.stage import StageResult, StageRun, stage
 
 Mode = Literal["revision", "direct", "good"]
 
@@ -56,25 +58,14 @@ def splice_revision(
     bad = tree.path(pair.bad_leaf)[1:]
     good = tree.path(pair.good_leaf)[1:]
     end = bad_prefix_end(pair, first_error, len(bad))
-    leaf = tree.nodes[pair.good_leaf]
-    messages = list(prefix) + [Message(role="user", content=tree.nodes[0].observation)]
-    messages += step_messages(bad[: end + 1], loss=False, last_observation=True)
-    messages += [
+    turns = step_messages(bad[: end + 1], loss=False, last_observation=True)
+    turns += [
         Message(role="assistant", content=revision, loss=True),
         Message(role="user", content=format_observation(revision_observation)),
     ]
-    messages += step_messages(good[pair.divergence :], loss=True, last_observation=False)
-    return Trajectory(
-        task_id=tree.task_id,
-        env=tree.env,
-        messages=messages,
-        episode_start=len(prefix),
-        reward=leaf.reward,
-        success=leaf.solved,
-        n_steps=end + 2 + len(good) - pair.divergence,
-        source="revision",
-        finish_reason=leaf.finish,
-    )
+    turns += step_messages(good[pair.divergence :], loss=True, last_observation=False)
+    n_steps = end + 2 + len(good) - pair.divergence
+    return tree.episode(pair.good_leaf, prefix, turns, n_steps, source="revision")
 
 
 def observe_noop(env, tree: SearchTree, bad_leaf: int, end: int) -> str:
@@ -120,43 +111,34 @@ def build_training_data(
     return revisions + good_paths, counts
 
 
-@stage_task("splice")
-def splice_stage(
-    store_url: str,
-    env: EnvSettings,
-    trees_url: str,
-    paths: Manifest,
-    critiques_url: str | None,
-    prefix: list[Message],
-    mode: Mode,
-    include_good: bool,
-    seed: int,
-    out_url: str,
-) -> Manifest:
-    store = store_for(store_url)
-    inputs = {
-        "env": env.identity(), "trees": trees_url, "paths": paths.files,
-        "critiques": critiques_url, "prefix": prefix, "mode": mode,
-        "include_good": include_good, "seed": seed,
-    }  # fmt: skip
-    if (done := store.manifest(out_url, inputs)) is not None:
-        return done
+class SpliceInputs(BaseModel):
+    """Trees and the paths chosen in them (select-paths), turned into SFT data by `mode`."""
+
+    env: EnvSettings  # answers the revision turn's no-op, replayed after the bad prefix
+    trees_url: str
+    pairs_url: str  # from select-paths, as are the good paths
+    good_url: str
+    critiques_url: str | None  # None: the baselines, which use no critique
+    prefix: list[Message]
+    mode: Mode
+    include_good: bool  # good paths join the revisions
+    seed: int  # which revision thought each revision turn says
+
+
+@stage("splice")
+def splice_stage(inputs: SpliceInputs, run: StageRun) -> StageResult:
     from envs import make_env
 
-    trees = store.read_records(trees_url, SearchTree)
-    pairs = store.read_records(paths.files["pairs"], PathPair)
-    good = store.read_json(paths.files["good"])
-    critiques = store.read_records(critiques_url, Critique) if critiques_url else []
+    store = run.store
+    trees = store.read_records(inputs.trees_url, SearchTree)
+    pairs = store.read_records(inputs.pairs_url, PathPair)
+    good = store.read_json(inputs.good_url)
+    critiques = store.read_records(inputs.critiques_url, Critique) if inputs.critiques_url else []
     data, counts = build_training_data(
-        make_env(env), trees, pairs, good, critiques, prefix, mode, include_good, seed
-    )
-    url = store.write_records(f"{out_url}/trajectories.jsonl", data)
-    return store.publish(
-        Manifest(
-            stage=f"splice-{mode}",
-            url=out_url,
-            files={"trajectories": url},
-            counts={"trajectories": len(data), **counts},
-        ),
-        inputs,
+        make_env(inputs.env), trees, pairs, good, critiques, inputs.prefix, inputs.mode,
+        inputs.include_good, inputs.seed,
+    )  # fmt: skip
+    return StageResult(
+        files={"trajectories": store.write_records(run.file("trajectories.jsonl"), data)},
+        counts={"trajectories": len(data), **counts},
     )

@@ -13,21 +13,22 @@ import json
 import pytest
 from conftest import task_states
 from mlflow.tracking import MlflowClient
+from scripted_policy import NoisyExpertBackend
 
+from agents.mcts import Critique, SearchLimits, SearchTree, search
+from agents.rollout import agent_prefix
 from envs import make_env
 from flows.agent_r import agent_r, agent_r_campaign
 from flywheel.chat import ChatTokenizer
 from flywheel.inference import release_vllm
-from flywheel.mcts import Critique, SearchLimits, SearchTree, search
 from flywheel.records import Trajectory
-from flywheel.rollout import agent_prefix
-from flywheel.scripted_policy import NoisyExpertBackend
 from flywheel.settings import CritiqueSettings, EnvSettings, InferenceSettings, SFTSettings
+from flywheel.stage import StageOutput
 from flywheel.storage import ArtifactStore
-from tasks.critique import critique_stage
-from tasks.select_paths import select_paths_stage
-from tasks.sft import sft_stage
-from tasks.splice import splice_stage
+from tasks.critique import CritiqueInputs, critique_stage
+from tasks.select_paths import SelectPathsInputs, select_paths_stage
+from tasks.sft import SFTInputs, sft_stage
+from tasks.splice import SpliceInputs, splice_stage
 from training.datasets import sft_rows
 
 pytestmark = pytest.mark.slow
@@ -47,21 +48,41 @@ def stages(tmp_path_factory, tiny_model_dir):
     trees = search(env, ["acacia_boat", "birch_boat"], backend, chat, prefix, limits, seed=0)
     trees_url = store.write_records(store.url("mcts/trees.jsonl"), trees)
     model_url = store.upload_dir(tiny_model_dir, store.url("model"))
-    paths = select_paths_stage.fn(store.root, trees_url, 0.5, 0.2, 3, 1, 0, store.url("paths"))
+
+    def out(name: str) -> StageOutput:
+        return StageOutput(store_url=store.root, url=store.url(name))
+
+    paths = select_paths_stage.fn(
+        SelectPathsInputs(
+            trees_url=trees_url, alpha=0.5, beta=0.2, max_pairs_per_task=3, max_good_per_task=1,
+            seed=0,
+        ),
+        out("paths"),
+    )  # fmt: skip
     inference = InferenceSettings(max_tokens=16, kv_cache_gib=1, max_model_len=2048)
     critiques = critique_stage.fn(
-        store.root, model_url, EnvSettings(), trees_url, paths.files["pairs"], inference,
-        CritiqueSettings(max_tokens=16), store.url("critique"),
+        CritiqueInputs(
+            model_url=model_url, env=EnvSettings(), trees_url=trees_url,
+            pairs_url=paths.files["pairs"], inference=inference,
+            settings=CritiqueSettings(max_tokens=16),
+        ),
+        out("critique"),
     )  # fmt: skip
     release_vllm()
     data = splice_stage.fn(
-        store.root, EnvSettings(), trees_url, paths, critiques.files["critiques"], prefix,
-        "revision", True, 0, store.url("revisions"),
+        SpliceInputs(
+            env=EnvSettings(), trees_url=trees_url, pairs_url=paths.files["pairs"],
+            good_url=paths.files["good"], critiques_url=critiques.files["critiques"],
+            prefix=prefix, mode="revision", include_good=True, seed=0,
+        ),
+        out("revisions"),
     )  # fmt: skip
     settings = SFTSettings(epochs=1, batch_size=2, max_length=2048)
     model = sft_stage.fn(
-        store.root, "revisions", model_url, data.files["trajectories"], settings, 0,
-        store.url("sft"),
+        SFTInputs(
+            model_url=model_url, data_url=data.files["trajectories"], settings=settings, seed=0
+        ),
+        out("sft"),
     )  # fmt: skip
     return {
         "store": store, "chat": chat, "paths": paths, "critiques": critiques, "data": data,
@@ -130,7 +151,7 @@ def test_flow_runs_a_round_and_reports_why_it_stopped(runs):
         r.data.tags["mlflow.runName"]
         for r in client.search_runs([client.get_experiment_by_name("flywheel").experiment_id])
     }
-    assert {"mcts/round-1", "paths/round-1", "critique/round-1", "sft/expert"} <= names
+    assert {"mcts/round-1", "select-paths/round-1", "critique/round-1", "sft/expert"} <= names
 
 
 def test_rerun_is_cached(runs):

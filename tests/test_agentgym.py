@@ -12,7 +12,16 @@ from pathlib import Path
 
 import httpx
 import pytest
+from scripted_policy import NoisyExpertBackend
 
+from agents.rollout import (
+    EpisodesLost,
+    RolloutSettings,
+    agent_prefix,
+    ending_counts,
+    raise_if_lost,
+    run_batched,
+)
 from envs import make_env
 from envs.agentgym import (
     DIALECTS,
@@ -25,15 +34,6 @@ from envs.agentgym import (
     served_task_ids,
 )
 from envs.serve import LocalServer
-from flywheel.rollout import (
-    EpisodesLost,
-    RolloutSettings,
-    agent_prefix,
-    ending_counts,
-    raise_if_lost,
-    run_batched,
-)
-from flywheel.scripted_policy import NoisyExpertBackend
 from flywheel.settings import ConfigError, EnvSettings
 
 FAST = ClientSettings(timeout_s=2.0, connect_timeout_s=0.5, retries=1, backoff_s=0.05)
@@ -323,8 +323,8 @@ def test_server_settings_are_checked_kept_by_the_cli_and_out_of_cache_keys():
 
 
 def test_a_run_on_an_agentgym_server_without_expert_is_refused_before_work(server, tmp_path):
-    from flywheel.runner import preflight
     from flywheel.settings import ETOConfig, validate_config
+    from ops.runner import preflight
 
     config = {
         "storage_url": str(tmp_path / "store"),
@@ -377,7 +377,7 @@ def test_batched_steps_answer_each_entry_and_recover_after_a_restart(textcraft):
 
 
 def test_serve_env_refuses_bad_settings_before_serving(tmp_path, capsys):
-    from flywheel.cli import main
+    from ops.cli import main
 
     config = tmp_path / "bad.yaml"
     config.write_text("env:\n  name: scienceworld\n  scienceworld:\n    task_names: [nope]\n")

@@ -16,10 +16,10 @@ import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 
-from flywheel.campaign import load_campaign, new_round, run_campaign, slot_name
 from flywheel.records import Campaign, CampaignRound
 from flywheel.settings import ETOConfig
 from flywheel.storage import ArtifactStore
+from ops.campaign import load_campaign, new_round, run_campaign, slot_name
 
 spans: list[tuple[int, float, float]] = []
 
@@ -93,7 +93,7 @@ class Recorder:
     """What `run_campaign` takes and in which order: the slot, the run lock, the round."""
 
     def __init__(self, monkeypatch, store):
-        import flywheel.campaign as campaign_module
+        import ops.campaign as campaign_module
 
         self.events: list = []
         self.store = store

@@ -157,4 +157,6 @@ def test_sigkill_while_vllm_runs_leaves_nothing_running(tmp_path):
     assert flow.temporary_files_left() == []
     runs = flow.mlflow_runs()
     assert runs["parent"] == "KILLED", runs
-    assert set(runs.values()) <= {"KILLED", "FAILED"}, runs  # all were cut short
+    # Stages that finished before the kill keep FINISHED; the one vLLM was serving was cut short.
+    assert runs["evaluate/untrained"] == "KILLED", runs
+    assert "RUNNING" not in runs.values(), runs

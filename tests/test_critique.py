@@ -7,9 +7,9 @@ import math
 
 import pytest
 from pydantic import ValidationError
+from tree_nodes import crafting_tree, step
 
-from flywheel.chat import format_reply
-from flywheel.mcts import PathPair, SearchTree, TreeNode
+from agents.mcts import PathPair, SearchTree
 from flywheel.settings import AgentRConfig, CritiqueSettings, load_config
 from tasks.critique import (
     ELIDED,
@@ -23,29 +23,12 @@ from tasks.critique import (
 )
 
 
-def step(id, parent, depth, action, observation, **terminal):
-    return TreeNode(
-        id=id, parent=parent, depth=depth, reply=format_reply(f"t{id}", action), action=action,
-        observation=observation, **terminal,
-    )  # fmt: skip
-
-
 @pytest.fixture
 def tree() -> SearchTree:
     """root -> 1 get a -> {2 get b -> 4 craft x (solved), 3 get z -> 5 look (failed)}."""
-    nodes = [
-        TreeNode(id=0, observation="Crafting commands: ...\n\nGoal: craft x."),
-        step(1, 0, 1, "get 1 a", "Got 1 a"),
-        step(2, 1, 2, "get 1 b", "Got 1 b"),
-        step(3, 1, 2, "get 1 z", "Got 1 z"),
-        step(
-            4, 2, 3, "craft 1 x using 1 a, 1 b", "Crafted 1 x", finish="done", score=1.0, reward=1.0
-        ),
+    return crafting_tree(
         step(5, 3, 3, "look", "Could not execute look", finish="max_depth", score=0.0),
-    ]
-    for n in nodes[1:]:
-        nodes[n.parent].children.append(n.id)
-    return SearchTree(task_id="acacia_boat", env="textcraft", nodes=nodes)
+    )
 
 
 def pair(good_leaf: int, bad_leaf: int, divergence: int) -> PathPair:

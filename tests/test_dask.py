@@ -6,15 +6,16 @@ from __future__ import annotations
 import os
 
 import pytest
-from prefect import flow, unmapped
+from prefect import flow
 
+from agents.rollout import agent_prefix
 from envs import make_env
 from flywheel.records import Trajectory
-from flywheel.rollout import agent_prefix
-from flywheel.runner import run_tracked, share_prefect_api
 from flywheel.settings import ETOConfig
+from flywheel.stage import StageOutput
 from flywheel.storage import ArtifactStore
-from tasks.explore import explore_stage, shard
+from ops.runner import run_tracked, share_prefect_api
+from tasks.explore import ExploreInputs, explore_stage, shard
 
 pytestmark = pytest.mark.slow
 
@@ -24,9 +25,15 @@ def explore_shards(cfg: ETOConfig, store, tracking, model_url: str) -> list:
     task_ids = env.task_ids("train")[:2]
     shards = shard(task_ids, 2, 1)
     return explore_stage.map(
-        store.root, model_url, unmapped(cfg.env), shards, unmapped(agent_prefix(env, [])),
-        unmapped(cfg.inference), unmapped(cfg.explore), cfg.env.max_steps, [1, 2],
-        [store.url("dask", f"shard-{i}") for i in range(len(shards))],
+        [
+            ExploreInputs(
+                model_url=model_url, env=cfg.env, task_ids=tasks, prefix=agent_prefix(env, []),
+                inference=cfg.inference, temperature=cfg.explore.temperature,
+                max_steps=cfg.env.max_steps, seed=seed,
+            )
+            for seed, tasks in enumerate(shards, 1)
+        ],
+        [StageOutput(store_url=store.root, url=store.url("dask", f"shard-{i}")) for i in range(2)],
     ).result()  # fmt: skip
 
 

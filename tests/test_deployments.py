@@ -20,8 +20,8 @@ import pytest
 from conftest import flow_run_ids, task_states
 from mlflow.tracking import MlflowClient
 
-from flywheel.services import free_port, start_prefect_server
 from flywheel.storage import ArtifactStore
+from ops.services import free_port, start_prefect_server
 
 pytestmark = pytest.mark.slow
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 from safetensors.torch import load_file
 
+from agents.rollout import agent_prefix
 from envs import make_env
-from flywheel.rollout import agent_prefix
 from flywheel.settings import SFTSettings
+from flywheel.stage import StageOutput
 from flywheel.storage import ArtifactStore
 from tasks.expert_data import collect_expert
-from tasks.sft import sft_stage
+from tasks.sft import SFTInputs, sft_stage
 
 pytestmark = pytest.mark.slow
 
@@ -30,10 +31,11 @@ def trained(tmp_path_factory, tiny_model_dir):
             epochs=1, batch_size=2, max_length=512, num_processes=processes, learning_rate=1e-3,
             trl_args={"lr_scheduler_type": "constant", "warmup_steps": 0},
         )  # fmt: skip
-        runs[processes] = sft_stage.fn(
-            store.root, "ddp", f"file://{tiny_model_dir}", data, settings, 0,
-            store.url(f"sft-{processes}"),
-        )  # fmt: skip
+        inputs = SFTInputs(
+            model_url=f"file://{tiny_model_dir}", data_url=data, settings=settings, seed=0
+        )
+        out = StageOutput(store_url=store.root, url=store.url(f"sft-{processes}"), label="ddp")
+        runs[processes] = sft_stage.fn(inputs, out)
     return store, runs
 
 

@@ -1,4 +1,4 @@
-from flywheel.eto_format import read_eto_dpo, read_eto_sft, write_eto_dpo, write_eto_sft
+from agents.eto_format import read_eto_dpo, read_eto_sft, write_eto_dpo, write_eto_sft
 from flywheel.records import Message, Pair, Trajectory
 
 PREFIX = [Message(role="system", content="Craft things."), Message(role="user", content="ex")]

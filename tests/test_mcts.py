@@ -9,12 +9,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from scripted_policy import NoisyExpertBackend
 
-from envs import make_env
-from envs.base import Environment, Episode, StepResult
-from flywheel.chat import format_reply
-from flywheel.inference import Generation
-from flywheel.mcts import (
+from agents.mcts import (
     SearchLimits,
     SearchTree,
     TreeNode,
@@ -25,9 +22,12 @@ from flywheel.mcts import (
     uct_choice,
     unique_replies,
 )
+from agents.rollout import agent_prefix
+from envs import make_env
+from envs.base import Environment, Episode, StepResult
+from flywheel.chat import format_reply
+from flywheel.inference import Generation
 from flywheel.records import Message
-from flywheel.rollout import agent_prefix
-from flywheel.scripted_policy import NoisyExpertBackend
 
 
 def node(id, parent=None, visits=0, value=0.0, closed=False, finish="", score=None):

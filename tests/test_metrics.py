@@ -3,9 +3,9 @@ hand: episode statistics, how episodes ended, tree counts, the results table."""
 
 from __future__ import annotations
 
-from flywheel.mcts import SearchTree, TreeNode
+from agents.mcts import SearchTree, TreeNode
+from agents.rollout import ending_counts
 from flywheel.records import EpisodeStats, Manifest, Message, Trajectory
-from flywheel.rollout import ending_counts
 from tasks.mcts import tree_counts
 from tasks.report import markdown_table, results_rows
 

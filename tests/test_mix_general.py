@@ -4,8 +4,15 @@ import pytest
 
 from flywheel.records import Message, Trajectory
 from flywheel.settings import AgentRConfig, ConfigError, GeneralDataSettings, load_config
+from flywheel.stage import StageOutput
 from flywheel.storage import ArtifactStore
-from tasks.mix_general import general_share, mix, mix_general_stage, read_general
+from tasks.mix_general import (
+    MixGeneralInputs,
+    general_share,
+    mix,
+    mix_general_stage,
+    read_general,
+)
 
 
 def revision(i: int) -> Trajectory:
@@ -75,13 +82,14 @@ def test_the_stage_mixes_and_is_keyed_on_the_general_file_content(tmp_path):
     general_file = tmp_path / "general.jsonl"
     general_file.write_text('{"instruction": "a", "response": "b"}\n')
     settings = GeneralDataSettings(eta=0.2, file=str(general_file))
-    out = store.url("run/sft-data")
-    first = mix_general_stage.fn(store.root, data, settings, 0, out)
+    out = StageOutput(store_url=store.root, url=store.url("run/sft-data"))
+    inputs = MixGeneralInputs(data_url=data, general_url=settings.url, eta=settings.eta, seed=0)
+    first = mix_general_stage.fn(inputs, out)
     assert first.counts == {"trajectories": 4, "general": 1}
     assert len(store.read_records(first.files["trajectories"], Trajectory)) == 5
-    assert mix_general_stage.fn(store.root, data, settings, 0, out).served_from_store
+    assert mix_general_stage.fn(inputs, out).served_from_store
     general_file.write_text('{"instruction": "c", "response": "d"}\n')
-    redone = mix_general_stage.fn(store.root, data, settings, 0, out)
+    redone = mix_general_stage.fn(inputs, out)
     assert not redone.served_from_store
     mixed = store.read_records(redone.files["trajectories"], Trajectory)
     assert [m.content for t in mixed if t.env == "general" for m in t.messages][1:] == ["c", "d"]

@@ -12,10 +12,10 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from agents.rollout import RolloutSettings, agent_prefix, run_batched
 from envs import make_env
 from flywheel.chat import ChatTokenizer
 from flywheel.inference import OpenAIBackend, SamplingSettings
-from flywheel.rollout import RolloutSettings, agent_prefix, run_batched
 
 pytestmark = pytest.mark.slow
 

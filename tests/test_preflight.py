@@ -64,8 +64,8 @@ def test_cli_refuses_more_tasks_than_the_split_holds(tmp_path, capsys, override,
 
 
 def test_all_tasks_of_the_split_may_be_asked_for(tmp_path):
+    from agents.rollout import task_list
     from envs import make_env
-    from flywheel.rollout import task_list
 
     cfg = load_config(ETOConfig, None, ["env.max_expert_steps=4", "env.test_tasks=26"])
     assert len(task_list(make_env(cfg.env), "test", cfg.env, cfg.seed)) == 26
@@ -90,7 +90,7 @@ def test_cli_refuses_an_mlflow_server_that_is_down_within_seconds(tmp_path, caps
 
 
 def test_an_mlflow_server_that_never_answers_times_out_in_seconds(tmp_path):
-    from flywheel.runner import MLFLOW_CHECK_TIMEOUT_S, check_mlflow
+    from ops.runner import MLFLOW_CHECK_TIMEOUT_S, check_mlflow
 
     with socket.socket() as silent:  # accepts connections (backlog) and never answers
         silent.bind(("127.0.0.1", 0))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from tree_nodes import crafting_tree, step
 
+from agents.mcts import Critique, PathPair, SearchTree, TreeNode, divergence
 from envs import make_env
-from flywheel.chat import format_reply
 from flywheel.inference import Generation
-from flywheel.mcts import Critique, PathPair, SearchTree, TreeNode, divergence
 from flywheel.records import Message
 from flywheel.settings import AgentRConfig, CritiqueSettings, load_config
 from tasks.critique import (
@@ -27,31 +27,14 @@ from training.datasets import sft_rows
 WRITTEN = CritiqueSettings(method="generate")
 
 
-def step(id, parent, depth, action, observation, **terminal):
-    return TreeNode(
-        id=id, parent=parent, depth=depth, reply=format_reply(f"t{id}", action), action=action,
-        observation=observation, **terminal,
-    )  # fmt: skip
-
-
 @pytest.fixture
 def tree() -> SearchTree:
     """root -> 1 -> {2 -> 4 (solved), 3 -> 5 (failed)}; root -> 6 (failed); root -> 7 (0.75)."""
-    nodes = [
-        TreeNode(id=0, observation="Crafting commands: ...\n\nGoal: craft x."),
-        step(1, 0, 1, "get 1 a", "Got 1 a"),
-        step(2, 1, 2, "get 1 b", "Got 1 b"),
-        step(3, 1, 2, "get 1 z", "Got 1 z"),
-        step(
-            4, 2, 3, "craft 1 x using 1 a, 1 b", "Crafted 1 x", finish="done", score=1.0, reward=1.0
-        ),
+    return crafting_tree(
         step(5, 3, 3, "inventory", "Inventory: a z", finish="max_depth", score=0.0),
         step(6, 0, 1, "look", "Could not execute look", finish="max_depth", score=0.0),
         step(7, 0, 1, "get 1 c", "Got 1 c", finish="max_depth", score=0.75),
-    ]
-    for n in nodes[1:]:
-        nodes[n.parent].children.append(n.id)
-    return SearchTree(task_id="acacia_boat", env="textcraft", nodes=nodes)
+    )
 
 
 def test_pairs_need_a_good_leaf_of_at_least_alpha_and_a_gap_above_beta(tree):

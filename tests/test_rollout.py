@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from agents.rollout import RolloutSettings, agent_prefix, run_batched
 from envs import make_env
 from flywheel.chat import FORMAT_HINT, format_reply
 from flywheel.inference import Generation
-from flywheel.rollout import RolloutSettings, agent_prefix, run_batched
 
 
 class ScriptedBackend:
@@ -59,7 +59,7 @@ def test_batched_rollout_steps_all_live_episodes_together(chat):
 
 
 def test_curriculum_filter_keeps_tasks_within_the_expert_step_limit():
-    from flywheel.rollout import within_expert_steps
+    from agents.rollout import within_expert_steps
 
     env = make_env("textcraft")
     train = env.task_ids("train")
@@ -120,7 +120,7 @@ def test_replies_keep_the_ids_the_model_generated_not_the_retokenised_text(chat)
 
 def test_a_rollout_stage_publishes_its_averages(tmp_path, tiny_model_dir, chat, monkeypatch):
     """Two episodes, one solved in its expert's steps and one never parsed, averaged by hand."""
-    import flywheel.rollout as rollout
+    import agents.rollout as rollout
     from flywheel.inference import SamplingSettings
     from flywheel.records import Trajectory
     from flywheel.settings import EnvSettings, InferenceSettings
@@ -135,7 +135,8 @@ def test_a_rollout_stage_publishes_its_averages(tmp_path, tiny_model_dir, chat, 
     store = ArtifactStore(str(tmp_path / "store"))
     manifest = rollout.rollout_to_store(
         store, "evaluate", f"file://{tiny_model_dir}", EnvSettings(), [solved, garbage],
-        agent_prefix(env, []), InferenceSettings(), 6, SamplingSettings(), store.url("eval"),
+        agent_prefix(env, []), InferenceSettings(), 6, SamplingSettings(),
+        store.url("eval/trajectories.jsonl"),
     )  # fmt: skip
     assert manifest.counts == {
         "episodes": 2, "successes": 1, "ended_done": 1, "ended_max_steps": 1, "retried": 0,
@@ -155,8 +156,8 @@ def test_a_rollout_stage_publishes_its_averages(tmp_path, tiny_model_dir, chat, 
 
 
 def test_the_expert_trajectory_is_the_plan_played_with_what_the_game_answered():
+    from agents.rollout import expert_trajectory
     from flywheel.records import Message
-    from flywheel.rollout import expert_trajectory
 
     env = make_env("textcraft")
     prefix = [Message(role="system", content="S")]
@@ -180,8 +181,8 @@ def test_the_expert_trajectory_is_the_plan_played_with_what_the_game_answered():
 
 
 def test_no_expert_or_a_plan_that_does_not_finish_gives_no_trajectory(monkeypatch):
+    from agents.rollout import expert_trajectory
     from flywheel.records import Message
-    from flywheel.rollout import expert_trajectory
 
     env = make_env("textcraft")
     prefix = [Message(role="system", content="S")]
@@ -195,7 +196,7 @@ def test_no_expert_or_a_plan_that_does_not_finish_gives_no_trajectory(monkeypatc
 
 
 def test_few_shot_examples_are_the_first_short_train_tasks():
-    from flywheel.rollout import few_shot_examples
+    from agents.rollout import few_shot_examples
 
     env = make_env("textcraft")
     examples = few_shot_examples(env, 2, max_steps=4)
@@ -216,7 +217,7 @@ def test_few_shot_examples_are_the_first_short_train_tasks():
 
 
 def test_sequential_rollout_plays_one_request_at_a_time_to_the_same_episodes(chat):
-    from flywheel.rollout import run_sequential
+    from agents.rollout import run_sequential
 
     env = make_env("textcraft")
     solved, garbage = "acacia_boat", "birch_boat"
@@ -235,7 +236,7 @@ def test_sequential_rollout_plays_one_request_at_a_time_to_the_same_episodes(cha
 
 
 def test_the_sequential_rollout_shows_one_bar_over_its_episodes(chat, capsys):
-    from flywheel.rollout import run_sequential
+    from agents.rollout import run_sequential
 
     env = make_env("textcraft")
     solved, garbage = "acacia_boat", "birch_boat"
@@ -251,7 +252,7 @@ def test_the_sequential_rollout_shows_one_bar_over_its_episodes(chat, capsys):
 
 
 def test_open_backend_follows_the_inference_settings(monkeypatch):
-    import flywheel.rollout as rollout
+    import agents.rollout as rollout
     from flywheel.inference import OpenAIBackend
     from flywheel.settings import InferenceSettings
 
@@ -273,8 +274,8 @@ def test_open_backend_follows_the_inference_settings(monkeypatch):
 
 def published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories, clock=(10.0, 12.5)):
     """`rollout_to_store` with the episodes replaced by `trajectories` and a clock that reads
-    `clock` before and after them; returns the manifest, the store, the calls and the inputs."""
-    import flywheel.rollout as rollout
+    `clock` before and after them; returns its result, the store, the calls and the inputs."""
+    import agents.rollout as rollout
     from flywheel.inference import SamplingSettings
     from flywheel.records import Message
     from flywheel.settings import EnvSettings, InferenceSettings
@@ -289,7 +290,7 @@ def published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories, clock=(
     inference = InferenceSettings(max_model_len=1024)
     sampling = SamplingSettings(temperature=0.5, max_tokens=7)
     args = (store, "explore", f"file://{tiny_model_dir}", EnvSettings(), ["a", "b"], prefix,
-            inference, 9, sampling, store.url("explore"))  # fmt: skip
+            inference, 9, sampling, store.url("explore", "trajectories.jsonl"))  # fmt: skip
     return rollout.rollout_to_store(*args), store, calls, args
 
 
@@ -307,8 +308,8 @@ def played(task_id, reward, success, steps, finish, recoveries=0, generated=()):
 def test_a_rollout_stage_counts_and_averages_hand_made_episodes(
     tmp_path, tiny_model_dir, monkeypatch, capsys
 ):
+    from agents.rollout import RolloutSettings
     from flywheel.records import Trajectory
-    from flywheel.rollout import RolloutSettings
 
     trajectories = [
         played("a", 1.0, True, 3, "done", recoveries=2, generated=[[1, 2, 3], [4]]),
@@ -324,7 +325,6 @@ def test_a_rollout_stage_counts_and_averages_hand_made_episodes(
     assert capsys.readouterr().out.splitlines()[0] == (
         "explore: 2 episodes moved to another environment server"
     )
-    assert manifest.stage == "explore" and manifest.url == store.url("explore")
     assert manifest.files == {"trajectories": store.url("explore", "trajectories.jsonl")}
     assert store.read_records(manifest.files["trajectories"], Trajectory) == trajectories
     assert manifest.counts == {
@@ -350,37 +350,48 @@ def test_a_rollout_stage_with_no_time_measured_reports_zero_tokens_per_second(
     assert "moved to another environment server" not in capsys.readouterr().out
 
 
-def test_a_rollout_stage_is_keyed_on_every_setting_and_reused_for_the_same_ones(
+def test_an_evaluate_stage_is_keyed_on_every_input_and_reused_for_the_same_ones(
     tmp_path, tiny_model_dir, monkeypatch
 ):
-    from dataclasses import asdict
+    import agents.rollout as rollout
+    from flywheel.inference import SamplingSettings
+    from flywheel.records import Message
+    from flywheel.settings import EnvSettings, InferenceSettings
+    from flywheel.stage import StageOutput
+    from flywheel.storage import ArtifactStore
+    from tasks.evaluate import EvaluateInputs, evaluate_stage
 
-    import flywheel.rollout as rollout
-
-    trajectories = [played("a", 1.0, True, 1, "done")]
-    manifest, store, calls, args = published_stage(tmp_path, tiny_model_dir, monkeypatch,
-                                                   trajectories)  # fmt: skip
-    (_, stage, model, env_settings, tasks, prefix, inference, max_steps, sampling, out) = args
-    keys = []
-    original = store.manifest
-    monkeypatch.setattr(store, "manifest",
-                        lambda url, inputs: keys.append((url, inputs)) or original(url, inputs))  # fmt: skip
-    again = rollout.rollout_to_store(*args)
+    calls = []
+    monkeypatch.setattr(rollout, "open_backend", lambda inference, model_dir, tok: "backend")
+    monkeypatch.setattr(rollout, "run_batched",
+                        lambda *args: calls.append(args) or [played("a", 1.0, True, 1, "done")])  # fmt: skip
+    store = ArtifactStore(str(tmp_path / "store"))
+    inputs = EvaluateInputs(
+        model_url=f"file://{tiny_model_dir}", env=EnvSettings(), task_ids=["a", "b"],
+        prefix=[Message(role="system", content="S")],
+        inference=InferenceSettings(max_model_len=1024, max_tokens=7), max_steps=9,
+    )  # fmt: skip
+    out = StageOutput(store_url=store.root, url=store.url("evaluate"))
+    first = evaluate_stage.fn(inputs, out)
+    again = evaluate_stage.fn(inputs, out)
     assert len(calls) == 1, "the finished stage was played again"
-    assert again.served_from_store and again.inputs_digest == manifest.inputs_digest
-    assert keys == [
-        (out, {"stage": stage, "model": model, "env": {"name": "textcraft"}, "tasks": tasks,
-               "prefix": prefix, "inference": inference, "max_steps": 9,
-               "sampling": {"temperature": 0.5, "top_p": 1.0, "max_tokens": 7, "seed": 0}}),
-    ]  # fmt: skip
-    assert keys[0][1]["sampling"] == asdict(sampling)
-    # Another step limit is another stage: played again.
-    rollout.rollout_to_store(*args[:7], 10, *args[8:])
-    assert len(calls) == 2
+    assert again.served_from_store and again.inputs_digest == first.inputs_digest
+    (_, task_ids, _, _, prefix, settings) = calls[0]
+    assert (task_ids, prefix) == (["a", "b"], inputs.prefix)
+    # Evaluation is greedy, at the inference settings' reply length.
+    assert settings == rollout.RolloutSettings(
+        max_steps=9, max_model_len=1024, sampling=SamplingSettings(temperature=0.0, max_tokens=7)
+    )
+    # Another value of any input is another stage: played again.
+    changes = [{"max_steps": 10}, {"task_ids": ["a"]}, {"prefix": []},
+               {"inference": InferenceSettings(max_model_len=1024, max_tokens=8)}]  # fmt: skip
+    for n, change in enumerate(changes, start=2):
+        evaluate_stage.fn(inputs.model_copy(update=change), out)
+        assert len(calls) == n, f"{change} was served from the store"
 
 
 def test_a_stage_with_lost_episodes_fails_and_names_the_first(tmp_path):
-    from flywheel.rollout import EpisodesLost, raise_if_lost
+    from agents.rollout import EpisodesLost, raise_if_lost
 
     trajectories = [
         played("a", 1.0, True, 1, "done"),
@@ -418,7 +429,7 @@ def tasks_setting(train=None, test=None, max_expert_steps=None):
 
 
 def test_the_expert_step_limit_keeps_plans_of_one_to_limit_steps():
-    from flywheel.rollout import within_expert_steps
+    from agents.rollout import within_expert_steps
 
     env = PlannedEnv({"none": None, "empty": 0, "one": 1, "two": 2, "three": 3}, {})
     ids = env.task_ids("train")
@@ -429,7 +440,7 @@ def test_the_expert_step_limit_keeps_plans_of_one_to_limit_steps():
 
 
 def test_a_task_list_is_the_eligible_tasks_or_a_seeded_sample_in_split_order():
-    from flywheel.rollout import select_tasks, task_list
+    from agents.rollout import select_tasks, task_list
 
     train = {f"r{i}": 1 + i % 4 for i in range(10)}  # r3 and r7 need 4 steps
     env = PlannedEnv(train, {"s0": 1, "s1": 5, "s2": 2})
@@ -449,7 +460,7 @@ def test_a_task_list_is_the_eligible_tasks_or_a_seeded_sample_in_split_order():
 
 
 def test_a_task_list_that_cannot_be_had_names_the_setting_to_change():
-    from flywheel.rollout import task_list
+    from agents.rollout import task_list
     from flywheel.settings import ConfigError
 
     env = PlannedEnv({"a": 3, "b": 5, "c": None}, {"x": 1, "y": 2})

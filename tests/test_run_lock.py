@@ -15,8 +15,8 @@ import pytest
 import s3fs
 from prefect import flow
 
-from flywheel import run_lock
-from flywheel.run_lock import LockRecord, RunLock, RunLocked, new_record
+from ops import run_lock
+from ops.run_lock import LockRecord, RunLock, RunLocked, new_record
 
 
 def plant(lock: RunLock, **changes) -> LockRecord:
@@ -111,7 +111,7 @@ def test_the_holder_renews_its_heartbeat(tmp_path, monkeypatch):
 
 @pytest.fixture
 def s3_store(monkeypatch):
-    from flywheel.services import free_port, start_s3
+    from ops.services import free_port, start_s3
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "flywheel-test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "flywheel-test")
@@ -158,8 +158,8 @@ def sleepy_body(cfg, store, tracking, *extra):
 
 @flow(name="toy-run")
 def toy_run(config: dict):
-    from flywheel.runner import run_tracked
     from flywheel.settings import ETOConfig
+    from ops.runner import run_tracked
 
     return run_tracked(ETOConfig.model_validate(config), sleepy_body)
 

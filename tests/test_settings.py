@@ -5,6 +5,7 @@ import pytest
 from flows.eto import main
 from flywheel.inference import SamplingSettings
 from flywheel.settings import AgentRConfig, ConfigError, ETOConfig, load_config
+from flywheel.stage import StageOutput, StageRun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +24,7 @@ def test_shipped_configs_validate_and_freeze_fewer_layers_than_the_model_has(nam
     assert all(0 < t.frozen_layers < SMOLLM2_LAYERS for t in trainers), name
 
 
-def test_etos_defaults_reach_the_trainer_and_the_explorer(monkeypatch):
+def test_etos_defaults_reach_the_trainer_and_the_explorer(monkeypatch, tmp_path):
     """ETO explores each train task once, greedily, and runs DPO with beta 0.1 at lr 1e-6: what
     the stages hand on, not what the settings classes say."""
     import tasks.explore
@@ -34,9 +35,14 @@ def test_etos_defaults_reach_the_trainer_and_the_explorer(monkeypatch):
     assert (args["beta"], args["learning_rate"]) == (0.1, 1e-6)
     seen = {}
     monkeypatch.setattr(tasks.explore, "rollout_to_store", lambda *a: seen.update(sampling=a[8]))
-    tasks.explore.explore_stage.fn(
-        "store", "model", cfg.env, ["t"], [], cfg.inference, cfg.explore, 5, 3, "out"
+    inputs = tasks.explore.ExploreInputs(
+        model_url="model", env=cfg.env, task_ids=["t"], prefix=[], inference=cfg.inference,
+        temperature=cfg.explore.temperature, max_steps=5, seed=3,
+    )  # fmt: skip
+    run = StageRun(
+        "explore-shard", StageOutput(store_url=str(tmp_path), url=f"file://{tmp_path}/out")
     )
+    tasks.explore.explore_stage.body(inputs, run)
     assert seen["sampling"] == SamplingSettings(temperature=0.0, max_tokens=96, seed=3)
     assert tasks.explore.shard(["a", "b"], cfg.explore.shards, cfg.explore.samples_per_task) == [
         ["a"], ["b"]

@@ -30,7 +30,7 @@ def s3_store(tmp_path, monkeypatch):
     """A real S3 endpoint on loopback (moto's server) and a bucket in it."""
     import s3fs
 
-    from flywheel.services import free_port, start_s3
+    from ops.services import free_port, start_s3
 
     for key, value in {
         "AWS_ACCESS_KEY_ID": "test",
@@ -154,7 +154,7 @@ def test_a_change_to_the_code_redoes_every_stage(tmp_path, monkeypatch):
 def test_code_version_covers_every_stage_module_and_library_versions(tmp_path, monkeypatch):
     from flywheel import code_version as module
 
-    stage_packages = ["flywheel", "tasks", "envs", "training"]  # what stages run
+    stage_packages = ["flywheel", "envs", "training", "agents", "tasks"]  # what stages run
     for package in stage_packages:
         (tmp_path / package / "sub").mkdir(parents=True)
         (tmp_path / package / "sub" / "stage.py").write_text("x = 1\n")

@@ -142,7 +142,7 @@ def test_a_stage_key_resolves_settings_and_digests_every_artifact_it_names(tmp_p
     resolved = {
         "model": model, "n": 3,
         "settings": {"role": "user", "content": "c", "loss": False, "token_ids": None,
-                     "end_generated": True},
+                     "end_generated": True, "logprobs": None, "reward": None},
         "tasks": ["a", model], "7": "seven",
     }  # fmt: skip
     text = json.dumps([resolved, upstream, "v1"], sort_keys=True)

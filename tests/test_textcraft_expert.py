@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from envs.textcraft import TextCraftEnv, all_task_ids
-from envs.textcraft_expert import ExpertStep, NoPlan, evaluate, solve, tag_members
+from envs.textcraft import TextCraftEnv, all_task_ids, tag_members
+from envs.textcraft import evaluate_expert as evaluate
+from envs.textcraft_expert import ExpertStep, NoPlan
+from envs.textcraft_expert import solve as solve_with_members
+
+
+def solve(instruction: str):
+    return solve_with_members(instruction, tag_members())
+
 
 ACTION = re.compile(r"get \d+ [a-z ]+|craft \d+ [a-z ]+ using \d+ [a-z ]+(, \d+ [a-z ]+)*")
 

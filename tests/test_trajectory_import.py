@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from flywheel.records import Message, Trajectory
-from flywheel.settings import AgentRConfig, EnvSettings, ETOConfig
-from flywheel.storage import ArtifactStore
-from flywheel.trajectory_import import (
+from agents.trajectory_import import (
     ETO_SCIWORLD_FAMILIES,
     import_trajectories,
     scienceworld_task_name,
 )
-from tasks.expert_data import expert_data_stage
+from flywheel.records import Message, Trajectory
+from flywheel.settings import AgentRConfig, EnvSettings, ETOConfig
+from flywheel.stage import StageOutput
+from flywheel.storage import ArtifactStore
+from tasks.expert_data import ExpertDataInputs, expert_data_stage
 
 SAMPLES = Path(__file__).parent / "samples"
 PREFIX = [Message(role="system", content="This run's system prompt.")]
@@ -120,8 +121,11 @@ def test_expert_stage_counts_the_import_and_keys_its_cache_on_the_files_content(
     expert_file = ETOConfig(expert_file=str(path)).expert_file
     store = ArtifactStore(str(tmp_path / "store"))
     env = EnvSettings(name="scienceworld")
-    out = store.url("run/expert")
-    manifest = expert_data_stage.fn(store.root, env, SCIWORLD_TRAIN, PREFIX, out, expert_file)
+    out = StageOutput(store_url=store.root, url=store.url("run/expert"))
+    inputs = ExpertDataInputs(
+        env=env, task_ids=SCIWORLD_TRAIN, prefix=PREFIX, expert_file=expert_file
+    )
+    manifest = expert_data_stage.fn(inputs, out)
     assert manifest.counts == {
         "trajectories": 2, "unsolved": 1, "imported_read": 5, "imported_mapped": 2,
         "imported": 2, "imported_dropped": 3,
@@ -134,5 +138,5 @@ def test_expert_stage_counts_the_import_and_keys_its_cache_on_the_files_content(
     ]  # fmt: skip
 
     path.write_text(json.dumps(sample("eto_sciworld_sft.json")[1:2]))  # same URL, new content
-    again = expert_data_stage.fn(store.root, env, SCIWORLD_TRAIN, PREFIX, out, expert_file)
+    again = expert_data_stage.fn(inputs, out)
     assert again.counts["imported"] == 1 and again.counts["imported_read"] == 1

@@ -15,18 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-ACCELERATE_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
-
-
-def accelerate_config_file(name: str) -> str:
-    """A shipped config by name (ddp, zero2, zero3), or a path to one's own."""
-    shipped = ACCELERATE_CONFIGS / f"{name}.yaml"
-    if shipped.is_file():
-        return str(shipped)
-    if Path(name).is_file():
-        return str(Path(name).resolve())
-    names = ", ".join(sorted(p.stem for p in ACCELERATE_CONFIGS.glob("*.yaml")))
-    raise ValueError(f"accelerate_config {name!r} is neither a shipped config ({names}) nor a file")
+from flywheel.settings import accelerate_config_file
 
 
 def command(
@@ -169,48 +158,15 @@ def train_to_store(
         return json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
 
 
-def trainer_stage(
-    stage: str,
-    module: str,
-    store,
-    label: str,
-    model_url: str,
-    data_url: str,
-    out_url: str,
-    settings,
-    trl_args: dict,
-    tracking=None,
-):
-    """A whole training stage: skip if published, train under the stage's MLflow run, publish."""
-    from flywheel.records import Manifest
-    from flywheel.tracking import end_status
+def trained_model(run, module: str, model_url: str, data_url: str, settings, trl_args: dict):
+    """The body of a training stage (`flywheel.stage.stage`): train into the stage's folder,
+    logging into its MLflow run; the model, the log and the trainer's last metrics."""
+    from flywheel.stage import StageResult
 
-    inputs = {
-        "module": module, "model": model_url, "data": data_url, "settings": settings,
-        "trl_args": trl_args,
-    }  # fmt: skip
-    if (done := store.manifest(out_url, inputs)) is not None:
-        return done
-    env, run_id = {}, None
-    if tracking:
-        tracker, run_id = tracking.stage_run(f"{stage}/{label}")
-        env = tracker.subprocess_env(run_id)
-    try:
-        metrics = train_to_store(
-            store, module, model_url, data_url, out_url, settings, trl_args, env
-        )
-    except BaseException as error:
-        if run_id:
-            tracker.finish(run_id, end_status(error))  # KILLED or FAILED, never FINISHED
-        raise
-    if run_id:
-        tracker.finish(run_id)
-    return store.publish(
-        Manifest(
-            stage=stage,
-            url=out_url,
-            files={"model": f"{out_url}/model", "log": f"{out_url}/train.log"},
-            metrics={k: float(v) for k, v in metrics.items() if isinstance(v, int | float)},
-        ),
-        inputs,
+    metrics = train_to_store(
+        run.store, module, model_url, data_url, run.url, settings, trl_args, run.tracking_env()
+    )
+    return StageResult(
+        files={"model": run.file("model"), "log": run.file("train.log")},
+        metrics={k: float(v) for k, v in metrics.items() if isinstance(v, int | float)},
     )

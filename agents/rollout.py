@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
@@ -24,8 +24,9 @@ from flywheel.chat import (
     parse_reply,
 )
 from flywheel.inference import InferenceBackend, OpenAIBackend, SamplingSettings, shared_vllm
-from flywheel.records import EpisodeStats, Manifest, Message, Trajectory
+from flywheel.records import EpisodeStats, Message, Trajectory
 from flywheel.settings import EnvSettings
+from flywheel.stage import StageResult
 from flywheel.storage import ArtifactStore
 
 
@@ -187,6 +188,8 @@ def _observe(chat, state: _Live, result: StepResult | Exception | str, settings)
     if isinstance(result, StepResult):
         observation, done = result.observation, result.done
         state.reward += result.reward
+        turn = state.messages[-1]  # the agent turn whose action this step took
+        state.messages[-1] = turn.model_copy(update={"reward": result.reward})
     if done:
         state.finish_reason = "done"
     elif state.steps >= settings.max_steps:
@@ -300,16 +303,10 @@ def rollout_to_store(
     inference,
     max_steps: int,
     sampling: SamplingSettings,
-    out_url: str,
-) -> Manifest:
-    """Roll the model out on `task_ids`, store the trajectories and publish their statistics."""
-    inputs = {
-        "stage": stage, "model": model_url, "env": env_settings.identity(), "tasks": task_ids,
-        "prefix": prefix, "inference": inference, "max_steps": max_steps,
-        "sampling": asdict(sampling),
-    }  # fmt: skip
-    if (done := store.manifest(out_url, inputs)) is not None:
-        return done
+    trajectories_url: str,
+) -> StageResult:
+    """Roll the model out on `task_ids`, store the trajectories, and return their statistics
+    (the evaluate and explore stages publish them)."""
     from transformers import AutoTokenizer
 
     from envs import make_env
@@ -323,32 +320,23 @@ def rollout_to_store(
     started = time.perf_counter()
     trajectories = run_batched(env, task_ids, backend, chat, prefix, settings)
     seconds = time.perf_counter() - started
-    url = store.write_records(f"{out_url}/trajectories.jsonl", trajectories)
+    url = store.write_records(trajectories_url, trajectories)
     raise_if_lost(trajectories, url)
     endings = ending_counts(trajectories)
     if endings["retried"]:
         print(f"{stage}: {endings['retried']} episodes moved to another environment server")
     stats = EpisodeStats.of(trajectories)
     generated = sum(len(m.token_ids or ()) for t in trajectories for m in t.messages)
-    return store.publish(
-        Manifest(
-            stage=stage,
-            url=out_url,
-            files={"trajectories": url},
-            counts={
-                "episodes": stats.episodes,
-                "successes": stats.successes,
-                **endings,
-            },
-            metrics={
-                "success_rate": stats.success_rate,
-                "average_reward": stats.average_reward,
-                "average_steps": stats.average_steps,
-                "seconds": seconds,
-                "generated_tokens_per_s": generated / seconds if seconds else 0.0,
-            },
-        ),
-        inputs,
+    return StageResult(
+        files={"trajectories": url},
+        counts={"episodes": stats.episodes, "successes": stats.successes, **endings},
+        metrics={
+            "success_rate": stats.success_rate,
+            "average_reward": stats.average_reward,
+            "average_steps": stats.average_steps,
+            "seconds": seconds,
+            "generated_tokens_per_s": generated / seconds if seconds else 0.0,
+        },
     )
 
 

@@ -10,13 +10,13 @@ from datetime import UTC, datetime
 from prefect import flow
 
 from flywheel.records import FailedStage
-from flywheel.run_lock import RunLock, RunLocked
 from flywheel.settings import ConfigError
-from flywheel.shutdown import flow_process, stopping_children_on_error
 from flywheel.stage import TrackingRef, artifact_key
 from flywheel.storage import FAILED, ArtifactStore
 from flywheel.tracking import Tracker, end_open_children, end_status
 from flywheel.watchdog import watchdog
+from ops.run_lock import RunLock, RunLocked
+from ops.shutdown import flow_process, stopping_children_on_error
 
 
 def preflight(cfg) -> ArtifactStore:
@@ -73,8 +73,8 @@ def check_mlflow(cfg) -> None:
 def check_task_lists(cfg) -> None:
     """The environment can run (its servers answer), both splits keep at least one task under
     the config's filters, and there is an expert to start from."""
+    from agents.rollout import task_list
     from envs import make_env
-    from flywheel.rollout import task_list
 
     env = make_env(cfg.env)
     try:
@@ -203,7 +203,7 @@ def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None, locked: b
     run, on the configured task runner. A failure marks the MLflow run failed and leaves a
     Prefect artifact naming the failed stages and where their records are.
 
-    The run holds its lock in the store (`flywheel/run_lock.py`) throughout, unless the caller
+    The run holds its lock in the store (`ops/run_lock.py`) throughout, unless the caller
     already does (`locked`: a campaign holds it around its whole round)."""
     from prefect.runtime import flow_run
 

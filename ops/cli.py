@@ -14,7 +14,7 @@ COMMANDS = {
     "eto": ("flows.eto", "ETO: expert SFT, then explore → pairs → DPO rounds"),
     "agent-r": ("flows.agent_r", "Agent-R: MCTS → first-error critique → revision SFT rounds"),
     "serve-env": ("envs.serve", "serve an environment over AgentGym's HTTP protocol"),
-    "services": ("flywheel.services", "start Prefect's server (UI) and MLflow's server locally"),
+    "services": ("ops.services", "start Prefect's server (UI) and MLflow's server locally"),
 }
 
 

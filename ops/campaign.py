@@ -15,17 +15,18 @@ from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 
 from flywheel.records import Campaign, CampaignRound
-from flywheel.run_lock import RunLock
-from flywheel.runner import preflight, run_tracked
 from flywheel.storage import ArtifactStore
+from ops.run_lock import RunLock
+from ops.runner import preflight, run_tracked
 
 STATE_FILE = "campaign.json"
 LEASE_S = 600  # renewed while the run lives; how long a killed run blocks the next one
 
 
-def run_campaign(cfg, recipe: str, next_round):
-    """Run `next_round(cfg, store, tracking, campaign) -> Campaign` once, under the campaign's
-    slot, and publish what it returns. Nothing to do once rounds 0..`cfg.rounds` exist."""
+def run_campaign(cfg, recipe: str, next_round, *extra):
+    """Run `next_round(cfg, store, tracking, campaign, *extra) -> Campaign` once, under the
+    campaign's slot, and publish what it returns. Nothing to do once rounds 0..`cfg.rounds`
+    exist."""
     from prefect.states import Completed
 
     store = preflight(cfg)
@@ -40,7 +41,7 @@ def run_campaign(cfg, recipe: str, next_round):
             )
             print(message)
             return Completed(message=message)
-        campaign = run_tracked(cfg, next_round, campaign, store=store, locked=True)
+        campaign = run_tracked(cfg, next_round, campaign, *extra, store=store, locked=True)
         save_campaign(store, cfg.run_name, campaign)
         latest = campaign.rounds[-1]
         message = f"campaign {cfg.run_name!r}: published round {latest.round}"

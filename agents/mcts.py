@@ -84,18 +84,24 @@ class SearchTree(BaseModel):
 
     def trajectory(self, leaf_id: int, prefix: list[Message], source: str = "mcts") -> Trajectory:
         """The root-to-leaf path as an episode after `prefix` (system prompt, examples)."""
+        turns = step_messages(self.path(leaf_id)[1:], loss=True, last_observation=False)
+        return self.episode(leaf_id, prefix, turns, self.nodes[leaf_id].depth, source)
+
+    def episode(
+        self, leaf_id: int, prefix: list[Message], turns: list[Message], n_steps: int, source: str
+    ) -> Trajectory:
+        """An episode after `prefix` from the task's instruction through `turns`, ending with
+        the outcome of `leaf_id` (a spliced path ends at its good leaf)."""
         leaf = self.nodes[leaf_id]
-        steps = self.path(leaf_id)[1:]
-        messages = list(prefix) + [Message(role="user", content=self.nodes[0].observation)]
-        messages += step_messages(steps, loss=True, last_observation=False)
+        instruction = Message(role="user", content=self.nodes[0].observation)
         return Trajectory(
             task_id=self.task_id,
             env=self.env,
-            messages=messages,
+            messages=[*prefix, instruction, *turns],
             episode_start=len(prefix),
             reward=leaf.reward,
             success=leaf.solved,
-            n_steps=leaf.depth,
+            n_steps=n_steps,
             source=source,
             finish_reason=leaf.finish,
         )
@@ -165,11 +171,11 @@ def unique_replies(generations: list[Generation]) -> tuple[list[Generation], int
 class SearchLimits:
     """What bounds a search (from `MCTSSettings` and the inference settings)."""
 
-    iterations: int = 8
-    max_depth: int = 12
-    samples_per_node: int = 4
-    exploration_constant: float = 0.25
-    restore_state: bool = True
+    iterations: int = 8  # descents from the root per tree
+    max_depth: int = 12  # agent steps on one path
+    samples_per_node: int = 4  # sampled replies per expansion, before de-duplication
+    exploration_constant: float = 0.25  # UCT's c (Agent-R's)
+    restore_state: bool = True  # a child from its parent's snapshot, not a replayed path
     max_model_len: int = 4096
     sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(temperature=1.0))
 

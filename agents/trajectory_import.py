@@ -25,8 +25,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from agents.eto_format import read_eto_sft
 from flywheel.chat import format_observation, format_reply, parse_reply
-from flywheel.eto_format import read_eto_sft
 from flywheel.records import Message, Trajectory
 
 # ETO's ScienceWorld family numbers (eval_agent/data/sciworld/taskname2id.json; 5, the unknown-

@@ -1,0 +1,117 @@
+"""The `stage` decorator: a plain function of one inputs record, given the cache, the manifest,
+the MLflow child run and the failure record."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+from pydantic import BaseModel
+
+from flywheel.records import FailedStage, Manifest
+from flywheel.settings import EnvSettings
+from flywheel.stage import StageOutput, StageResult, StageRun, TrackingRef, cache_inputs, stage
+from flywheel.storage import ArtifactStore
+from flywheel.tracking import Tracker
+
+
+class CountInputs(BaseModel):
+    text_url: str  # an artifact: keyed on its content
+    repeat: int
+    fail: bool = False
+
+
+calls: list[CountInputs] = []
+
+
+@stage("count")
+def count_stage(inputs: CountInputs, run: StageRun) -> StageResult:
+    calls.append(inputs)
+    text = run.store.read_text(inputs.text_url) * inputs.repeat
+    url = run.store.write_text(run.file("out.txt"), text)
+    if inputs.fail:
+        raise RuntimeError("the disk is full")
+    return StageResult(files={"out": url}, counts={"chars": len(text)}, notes=["counted"])
+
+
+@pytest.fixture
+def store(tmp_path):
+    calls.clear()
+    store = ArtifactStore(str(tmp_path / "store"))
+    publish_text(store, "abc")
+    return store
+
+
+def publish_text(store: ArtifactStore, text: str) -> None:
+    """An upstream stage `data` that wrote `text.txt`."""
+    store.write_text(store.url("data/text.txt"), text)
+    store.publish(Manifest(stage="data", url=store.url("data")))
+
+
+def test_the_body_runs_once_and_its_result_is_published_then_served(store):
+    inputs = CountInputs(text_url=store.url("data/text.txt"), repeat=2)
+    out = StageOutput(store_url=store.root, url=store.url("run/count"))
+    first = count_stage.fn(inputs, out)
+    assert (first.stage, first.url, first.counts, first.notes) == (
+        "count", out.url, {"chars": 6}, ["counted"]
+    )  # fmt: skip
+    assert first.checksums["out.txt"].size == 6 and first.inputs_digest
+    again = count_stage.fn(inputs, out)
+    assert again.served_from_store and len(calls) == 1
+    # A setting changes: the stage runs again; so it does when what it read changes.
+    assert not count_stage.fn(inputs.model_copy(update={"repeat": 3}), out).served_from_store
+    publish_text(store, "abcd")
+    assert count_stage.fn(inputs, out).counts == {"chars": 8}
+    assert len(calls) == 3
+
+
+def test_the_key_is_the_stage_and_its_inputs_with_an_environment_as_its_identity():
+    class EnvInputs(BaseModel):
+        env: EnvSettings
+        seed: int
+
+    served = EnvSettings(servers=["http://127.0.0.1:36001"])
+    keyed = cache_inputs("explore", EnvInputs(env=served, seed=3))
+    assert keyed == {"stage": "explore", "env": EnvSettings().identity(), "seed": 3}
+    assert cache_inputs("evaluate", EnvInputs(env=served, seed=3))["stage"] == "evaluate"
+
+
+def test_a_failure_leaves_a_record_naming_the_inputs_and_the_child_run_failed(store, tmp_path):
+    from prefect import flow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "stages")
+    parent = tracker.start("run")
+    tracking = TrackingRef(tracking_uri=uri, experiment="stages", parent_run_id=parent)
+    inputs = CountInputs(text_url=store.url("data/text.txt"), repeat=1, fail=True)
+    out = StageOutput(
+        store_url=store.root, url=store.url("run/count"), label="r1", tracking=tracking
+    )
+
+    @flow
+    def one_stage(inputs: CountInputs):
+        return count_stage(inputs, out, return_state=True)
+
+    client = MlflowClient(uri)
+
+    def child_runs() -> list[tuple[str, str, float | None]]:
+        runs = client.search_runs(
+            [client.get_experiment_by_name("stages").experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{parent}'",
+        )
+        return [
+            (r.data.tags["mlflow.runName"], r.info.status, r.data.metrics.get("chars"))
+            for r in runs
+        ]
+
+    assert one_stage(inputs, return_state=True).is_failed()
+    record = FailedStage.model_validate_json(store.read_text(f"{out.url}/_FAILED.json"))
+    assert record.message == "RuntimeError: the disk is full"
+    assert record.inputs == {"text_url": inputs.text_url}
+    assert record.partial_outputs == [f"{out.url}/out.txt"]
+    assert store.read_manifest(out.url) is None
+    assert child_runs() == [("count/r1", "FAILED", None)]
+
+    state = one_stage(inputs.model_copy(update={"fail": False}), return_state=True)
+    assert state.is_completed() and not store.exists(f"{out.url}/_FAILED.json")
+    assert child_runs() == [("count/r1", "FINISHED", 3.0)]  # the flow run's one run per stage
+    assert one_stage(inputs.model_copy(update={"fail": False})).name == "Cached"
