@@ -274,6 +274,12 @@ class JSONFormat(AgentFormat):
         return Message(role="user", content=f"<tool_response>\n{result}\n</tool_response>")
 
 
+def tag_arguments(tools) -> dict[str, str]:
+    """Tool name -> the argument a tag's body fills, for tools with JSON-schema `parameters`
+    (`envs.tools`): each tool's first required parameter. `answer` is built in."""
+    return {t.name: t.parameters["required"][0] for t in tools if t.name != ANSWER}
+
+
 FORMATS: dict[str, type[AgentFormat]] = {f.name: f for f in (ReActFormat, TagFormat, JSONFormat)}
 
 

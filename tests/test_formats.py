@@ -13,8 +13,12 @@ from agents.formats import (
     TagFormat,
     ToolCall,
     make_format,
+    tag_arguments,
 )
+from agents.rollout import expert_trajectory
+from envs.base import Environment, Episode, StepResult
 from flywheel.chat import FORMAT_HINT
+from flywheel.records import Message
 
 # ---- ReAct: today's behaviour, byte for byte -------------------------------------------------
 
@@ -40,26 +44,48 @@ def test_react_messages_are_the_rollouts_own():
     assert hint.content == f"Observation: {FORMAT_HINT}"  # what the rollout appends today
 
 
+class CountingEpisode(Episode):
+    """Reach 3 by saying "add 1" three times; anything else is refused."""
+
+    def __init__(self, task_id):
+        self.task_id, self.instruction, self.total = task_id, "Goal: reach 3.", 0
+
+    def step(self, action):
+        if action != "add 1":
+            return StepResult(f"Unknown action {action!r}.", 0.0, False)
+        self.total += 1
+        return StepResult(f"Total: {self.total}.", float(self.total == 3), self.total == 3)
+
+
+class CountingEnv(Environment):
+    name = "counting"
+
+    def task_ids(self, split):
+        return ["three"]
+
+    def start(self, task_id):
+        return CountingEpisode(task_id)
+
+    def expert_plan(self, task_id):
+        return [(f"Step {i}: one more.", "add 1") for i in range(1, 4)]
+
+
 def test_react_rebuilds_an_expert_trajectory_byte_for_byte():
     """The rollout's expert trajectory, re-written through the format, is identical."""
-    from agents.rollout import expert_trajectory
-    from envs import make_env
-    from flywheel.records import Message
-
-    env = make_env("textcraft")
-    task = env.task_ids("train")[0]
+    env, react = CountingEnv(), ReActFormat()
     prefix = [Message(role="system", content=env.system_prompt)]
-    expert = expert_trajectory(env, task, prefix)
-    react, episode = ReActFormat(), env.start(task)
+    expert = expert_trajectory(env, "three", prefix)
+    episode = env.start("three")
     rebuilt = prefix + [Message(role="user", content=episode.instruction)]
-    plan = env.expert_plan(task)
+    plan = env.expert_plan("three")
     for i, (thought, action) in enumerate(plan):
         rebuilt.append(react.agent_message(Action(action, thought)))
         result = episode.step(action)
         if i < len(plan) - 1:
             rebuilt.append(react.result_message(result.observation))
-    episode.close()
+    assert expert.success
     assert [m.model_dump() for m in rebuilt] == [m.model_dump() for m in expert.messages]
+    assert rebuilt[3].content == "Observation: Total: 1."
 
 
 def test_react_writes_no_tool_calls():
@@ -206,3 +232,34 @@ def test_make_format_by_name():
     assert make_format("json").tools == {"search", "python"}
     with pytest.raises(ValueError, match="unknown agent format"):
         make_format("xml")
+
+
+# ---- formats and tools together --------------------------------------------------------------
+
+
+def test_a_parsed_call_runs_on_its_tool_and_its_result_comes_back(tmp_path):
+    from envs.sandbox import SandboxLimits
+    from envs.tools import AnswerTool, PythonTool, SearchTool
+
+    tools = {
+        t.name: t
+        for t in (
+            SearchTool(["Elbonia's capital is Mudville."]),
+            PythonTool(limits=SandboxLimits(root=str(tmp_path))),
+            AnswerTool(),
+        )
+    }
+    tags = TagFormat(tag_arguments(tools.values()))
+    assert tags.tools == {"search": "query", "python": "code"}
+    call = tags.parse("Compute it.\n<python>print(6 * 7)</python>")
+    assert tags.result_message(tools[call.name].execute(call.arguments)).content == (
+        "<result>\n42\n</result>"
+    )
+    call = JSONFormat(tools).parse(
+        '<tool_call>{"name": "search", "arguments": {"query": "capital of Elbonia"}}</tool_call>'
+    )
+    assert tools[call.name].execute(call.arguments) == "[1] Elbonia's capital is Mudville."
+    answer = JSONFormat(tools).parse(
+        '<tool_call>{"name": "answer", "arguments": {"text": "Mudville"}}</tool_call>'
+    )
+    assert tools["answer"].execute({"text": answer.text}) == "Final answer recorded: Mudville"
