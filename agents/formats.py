@@ -31,6 +31,8 @@ Decisions on malformed tool calls (tag and JSON formats; ReAct keeps its own rul
 - An unclosed call (``<search>query`` without ``</search>``) is refused, not run: a reply cut at
   max_tokens ends that way, and a partial query or half a program must not run. (A backend that
   stops on a closing tag must keep the stop string in the output.)
+- Opening tags are counted over the whole reply, so a call's body cannot hold another call's
+  opening tag (``<python>print("<search>")</python>`` reads as two calls).
 - Text after the call's closing tag is ignored by the parser (it stays in the turn as
   generated); text before it is the move's `thought`.
 - An unknown tool name is refused with the list of available tools. The arguments themselves are

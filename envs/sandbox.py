@@ -17,7 +17,7 @@ afterwards, and a new session, so that on a timeout the whole process group is k
 Threat model, honestly: this is a guard against a model's mistakes (an infinite loop, a
 runaway allocation, a stray `rm`, a fork in a loop, a request to the internet), not a security
 boundary against code that sets out to escape. Audit hooks can be bypassed (ctypes calling libc
-directly, `_posixsubprocess`); the code can read whatever the parent's user can read; as root,
+directly, `_posixsubprocess`, file calls relative to a `dir_fd` opened outside); the code can read whatever the parent's user can read; as root,
 RLIMIT_NPROC does not apply, so a fork made through ctypes is bounded only by the timeout's
 group kill. Untrusted code needs a container or VM (gVisor, firecracker) instead.
 """

@@ -233,6 +233,15 @@ def test_python_write_outside_its_directory_is_refused(sandbox_root):
     assert "PermissionError: sandbox: writing outside" in result
 
 
+def test_python_removing_a_file_outside_its_directory_is_refused(sandbox_root, tmp_path):
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    code = f"import os\nos.remove({str(precious)!r})"
+    result = python_tool(sandbox_root).execute({"code": code})
+    assert "changing files outside" in result and "(os.remove)" in result
+    assert precious.read_text() == "keep me"
+
+
 def test_python_writes_inside_its_own_directory(sandbox_root):
     code = "open('notes.txt', 'w').write('kept')\nprint(open('notes.txt').read())"
     assert python_tool(sandbox_root).execute({"code": code}) == "kept"
