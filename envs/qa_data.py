@@ -211,6 +211,7 @@ class _Names:
 
 @functools.cache
 def generated_world(seed: int = DEFAULT_SEED) -> World:
+    """The fictional world of `seed`, built once per process; treat as read-only."""
     rng = random.Random(seed)
     names = _Names(rng)
     town_years = rng.sample(range(1050, 1800), N_TOWNS)  # distinct, all before any company
