@@ -366,6 +366,11 @@ def _sampled(items: list[T], size: int, count: int, rng: random.Random, keep=Non
     return rng.sample(combos, min(count, len(combos)))
 
 
+def _born_apart(pair: tuple[Company, ...]) -> bool:
+    """The two founders' birth years differ, so "who was born earlier" has one answer."""
+    return pair[0].founder.born != pair[1].founder.born
+
+
 def generated_questions(split: Split, seed: int = DEFAULT_SEED) -> list[QARecord]:
     """The split's questions, in a fixed order, identical on every machine."""
     if split not in ("train", "test"):
@@ -376,13 +381,12 @@ def generated_questions(split: Split, seed: int = DEFAULT_SEED) -> list[QARecord
     companies = _split_of(world.companies, split, rng)
     towns = _split_of(world.towns, split, rng)
     counts = SAMPLED[split]
-    distinct_births = lambda pair: pair[0].founder.born != pair[1].founder.born  # noqa: E731
     return [
         *map(founder_birth_town, companies),
         *map(headquarters_founded, companies),
         *map(founder_age, companies),
         *map(founded_first, _sampled(companies, 3, counts["tuple"], rng)),
-        *map(founder_born_first, _sampled(companies, 2, counts["tuple"], rng, distinct_births)),
+        *map(founder_born_first, _sampled(companies, 2, counts["tuple"], rng, _born_apart)),
         *map(years_between, _sampled(companies, 2, counts["tuple"], rng)),
         *map(combined_population, _sampled(towns, 2, counts["towns"], rng)),
     ]
