@@ -266,34 +266,32 @@ def _with_article(word: str) -> str:
 
 
 def world_documents(world: World) -> list[Document]:
-    towns = [
-        Document(
-            id=t.id,
-            title=t.name,
-            text=f"{t.name} is a town in the {t.region} region. It was founded in {t.founded}. "
-            f"{t.name} has a population of {t.population:,}.",
-        )
-        for t in world.towns
-    ]
-    people = [
-        Document(
-            id=p.id,
-            title=p.name,
-            text=f"{p.name} was born in {p.born} in {p.birth_town}. {p.name.split()[0]} worked "
-            f"as {_with_article(p.occupation)} and later lived in {p.lived_town}.",
-        )
-        for p in world.people
-    ]
-    companies = [
-        Document(
-            id=c.id,
-            title=c.name,
-            text=f"{c.name} is {_with_article(c.industry)} company with its headquarters in "
-            f"{c.headquarters.name}. It was founded in {c.founded} by {c.founder.name}.",
-        )
-        for c in world.companies
-    ]
-    return towns + people + companies
+    """One document per town, person and company, titled with its name."""
+    entries = [(t.id, t.name, _town_text(t)) for t in world.towns]
+    entries += [(p.id, p.name, _person_text(p)) for p in world.people]
+    entries += [(c.id, c.name, _company_text(c)) for c in world.companies]
+    return [Document(id=id, title=title, text=text) for id, title, text in entries]
+
+
+def _town_text(t: Town) -> str:
+    return (
+        f"{t.name} is a town in the {t.region} region. It was founded in {t.founded}. "
+        f"{t.name} has a population of {t.population:,}."
+    )
+
+
+def _person_text(p: Person) -> str:
+    return (
+        f"{p.name} was born in {p.born} in {p.birth_town}. {p.name.split()[0]} worked "
+        f"as {_with_article(p.occupation)} and later lived in {p.lived_town}."
+    )
+
+
+def _company_text(c: Company) -> str:
+    return (
+        f"{c.name} is {_with_article(c.industry)} company with its headquarters in "
+        f"{c.headquarters.name}. It was founded in {c.founded} by {c.founder.name}."
+    )
 
 
 # ---- question templates -------------------------------------------------------------------------

@@ -124,3 +124,22 @@ def test_a_malformed_corpus_file_names_the_file_and_line(tmp_path, content, mess
     path.write_text(content)
     with pytest.raises(QAFormatError, match=rf"corpus.jsonl: {message}"):
         read_corpus(path)
+
+
+def test_each_entity_has_one_document_that_states_its_facts():
+    from envs.qa_data import Company, Person, Town, World, world_documents
+
+    town = Town(id="town-1", name="Ovel", region="north", founded=1801, population=12345)
+    person = Person(id="person-1", name="Ada Brin", born=1950, birth_town="Ovel",
+                    lived_town="Kest", occupation="engineer")  # fmt: skip
+    company = Company(id="company-1", name="Brin Works", industry="rail", founded=1990,
+                      founder=person, headquarters=town)  # fmt: skip
+    docs = world_documents(World(towns=[town], people=[person], companies=[company]))
+    assert [(d.id, d.title, d.text) for d in docs] == [
+        ("town-1", "Ovel", "Ovel is a town in the north region. It was founded in 1801. "
+                           "Ovel has a population of 12,345."),
+        ("person-1", "Ada Brin", "Ada Brin was born in 1950 in Ovel. Ada worked as an engineer "
+                                 "and later lived in Kest."),
+        ("company-1", "Brin Works", "Brin Works is a rail company with its headquarters in Ovel. "
+                                    "It was founded in 1990 by Ada Brin."),
+    ]  # fmt: skip
