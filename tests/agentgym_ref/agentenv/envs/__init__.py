@@ -1,0 +1,1 @@
+# Not AgentGym's (its imports every environment's client): import the clients by module.

@@ -1,0 +1,1 @@
+# Not AgentGym's (its imports the server, which starts a JVM at import): import modules.
