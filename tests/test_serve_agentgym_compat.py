@@ -295,3 +295,59 @@ def test_flywheels_own_clients_refuse_a_compat_server(compat_textcraft_app):
 
     with serving(compat_textcraft_app) as url, pytest.raises(ValueError, match="serves"):
         RemoteEnv(make_env("textcraft"), [url]).check()
+
+
+# ---- SciWorld ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sciworld_clients():
+    """AgentGym's SciWorld server (agentenv_sciworld.server:app: one ScienceWorld process to list
+    the tasks, one per /create) and ours (Flywheel's pool of ScienceWorld processes)."""
+    from starlette.testclient import TestClient
+
+    with contextlib.redirect_stdout(None):
+        theirs = importlib.import_module("agentenv_sciworld.server").app
+    ours = create_app(make_env("scienceworld"), compat="agentgym")
+    with contextlib.redirect_stdout(None):
+        yield TestClient(theirs, raise_server_exceptions=False), TestClient(ours)
+
+
+def test_sciworld_answers_as_agentgyms_server(sciworld_clients):
+    both = Both(sciworld_clients)
+    pair = both.create("s")
+    games = sciworld_clients[1].get("/tasks").json()
+    assert games[0] == "boil/0" and len(games) > 1000
+    for data_idx in (0, 500, len(games) - 1, -1, len(games)):
+        _, _, reset = both.same("POST", "/reset", pair, json={"data_idx": data_idx})
+    reset = json.loads(both.same("POST", "/reset", pair, json={"data_idx": 3})[2])
+    assert (reset["task_name"], reset["var_num"]) == ("boil", 3)
+    for action in ("look around", "open door to kitchen", "go to kitchen", "dance", "inventory"):
+        both.same("POST", "/step", pair, json={"action": action})
+        both.same("GET", "/observation", pair)
+        both.same("GET", "/detail", pair)
+    both.same("GET", "/action_hint", pair)
+    both.same("GET", "/goals", pair)
+    assert both.same("POST", "/close", pair)[2] == "true"
+    both.same("POST", "/step", pair, json={"action": "look around"})  # has been deleted
+    both.same("POST", "/close", pair)  # HTTP 500, as AgentGym's
+    for method, path, kwargs in [
+        ("POST", "/close", {"json": {"id": UNKNOWN}}),
+        ("POST", "/step", {"json": {"id": UNKNOWN, "action": "look around"}}),
+        ("POST", "/reset", {"json": {"id": UNKNOWN}}),
+        ("GET", "/action_hint", {"params": {"id": UNKNOWN}}),
+        ("GET", "/goals", {}),
+        ("GET", "/", {}),
+    ]:
+        both.same(method, path, **kwargs)
+
+
+def test_a_sciworld_episode_ends_as_agentgyms_does(sciworld_clients):
+    """A wrong focus fails the task (score -100, done); AgentGym then refuses further steps."""
+    both = Both(sciworld_clients)
+    pair = both.create("s")
+    both.same("POST", "/reset", pair, json={"data_idx": 0})
+    last = json.loads(both.same("POST", "/step", pair, json={"action": "focus on picture"})[2])
+    assert last["done"] is True
+    both.same("POST", "/step", pair, json={"action": "look around"})  # has finished
+    both.same("POST", "/close", pair)
