@@ -124,3 +124,50 @@ def test_a_replay_onto_a_server_with_another_hash_seed_says_how_to_pin_it(fakes)
     with pytest.raises(AgentGymError, match="starts differently on replay") as error:
         episode.step("get 1 y")
     assert "PYTHONHASHSEED" in str(error.value) and second.url in str(error.value)
+
+
+# Against `serve-env --compat agentgym`, which answers as AgentGym's servers do (checked against
+# their code in tests/test_serve_agentgym_compat.py): the same texts, the same hash-seed dependence.
+
+
+def compat_server(monkeypatch, hash_seed: str):
+    from envs.serve import LocalServer
+
+    monkeypatch.setenv("PYTHONHASHSEED", hash_seed)  # the child process inherits it
+    return LocalServer("--env", "textcraft", "--compat", "agentgym")
+
+
+def test_a_restarted_agentgym_server_loses_the_episode_and_it_is_replayed(monkeypatch):
+    import httpx
+
+    server = compat_server(monkeypatch, "0")
+    try:
+        episode = RemoteEpisode(ServerPool([server.url], DIALECTS["textcraft"], FAST), "300", 300)
+        first = episode.step("inventory")
+        old_id = episode.env_id
+        server.restart()  # the same seed: the same texts
+        gone = httpx.post(f"{server.url}/step", json={"id": old_id, "action": "inventory"})
+        assert gone.status_code == 200 and gone.json() == {
+            "error": f"The id {old_id} is not valid."
+        }
+        assert episode.step("inventory") == first
+        assert episode.recoveries == 1 and episode.env_id != old_id
+    finally:
+        server.kill()
+
+
+def test_a_replay_onto_an_agentgym_server_with_another_hash_seed_says_so(monkeypatch):
+    first, second = compat_server(monkeypatch, "0"), compat_server(monkeypatch, "1")
+    try:
+        pool = ServerPool([first.url, second.url], DIALECTS["textcraft"], FAST)
+        episode = RemoteEpisode(pool, "300", 300)
+        assert episode.server.url == first.url
+        episode.step("inventory")
+        first.kill()  # the episode moves to the second server, whose text is another
+        with pytest.raises(AgentGymError, match="starts differently on replay") as error:
+            episode.step("inventory")
+        assert "PYTHONHASHSEED=0 textcraft" in str(error.value)
+        assert "PYTHONHASHSEED=0 flywheel serve-env --compat agentgym" in str(error.value)
+    finally:
+        first.kill()
+        second.kill()
