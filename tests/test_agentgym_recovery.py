@@ -1,12 +1,16 @@
-"""Episode recovery against what AgentGym's own servers answer. Their packages cannot be installed
-here, so a small fake speaks their exact text: `{"error": "The id N is not valid."}` with HTTP 200
-for an id the server does not know (agentenv_textcraft/env_wrapper.py, agentenv_sciworld)."""
+"""Episode recovery against what AgentGym's own servers answer. A small fake speaks their exact
+text, `{"error": "The id N is not valid."}` with HTTP 200 for an id the server does not know, as
+recorded from AgentGym's real TextCraft and SciWorld servers (tests/data/agentgym, checked below);
+the tests that restart a real server restart our compat server, which answers the same (its
+answers are checked against the same recordings in tests/test_serve_agentgym_compat.py)."""
 
 from __future__ import annotations
 
+import gzip
 import http.server
 import json
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +31,9 @@ class AgentGymTextCraftFake:
     forgets every id, as a restarted server does; `goal` is its task text (hash-seed dependent
     on the real server)."""
 
-    def __init__(self, goal: str = "Goal: craft x.", gone_text: str = "The id {id} is not valid."):
+    GONE_TEXT = "The id {id} is not valid."  # AgentGym's, for an id it does not know
+
+    def __init__(self, goal: str = "Goal: craft x.", gone_text: str = GONE_TEXT):
         self.goal, self.gone_text = goal, gone_text
         self.known: set[int] = set()
         self.next_id = 0
@@ -86,6 +92,30 @@ def fakes():
         fake.close()
 
 
+def recorded_errors(server: str) -> list[str]:
+    """The error texts AgentGym's `server` answered in the recordings (session ids named)."""
+    path = Path(__file__).parent / "data" / "agentgym" / f"{server}.json.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as file:
+        sequences = json.load(file)["sequences"]
+    return [
+        entry["body"]["error"]
+        for entries in sequences.values()
+        for entry in entries
+        if entry["status"] == 200 and isinstance(entry["body"], dict) and "error" in entry["body"]
+    ]
+
+
+@pytest.mark.parametrize("server", ["textcraft", "sciworld"])
+def test_the_fakes_texts_are_agentgyms(server):
+    unknown = 10**15 + 7  # the recordings' unknown id
+    errors = recorded_errors(server)
+    assert AgentGymTextCraftFake.GONE_TEXT.format(id=unknown) in errors
+    if server == "textcraft":  # a closed session is forgotten
+        assert AgentGymTextCraftFake.GONE_TEXT.format(id="s0") in errors
+    else:  # a closed session is kept, deleted
+        assert "The task with environment s0 has been deleted." in errors
+
+
 def test_agentgym_unknown_id_text_counts_as_a_lost_episode_and_is_replayed(fakes):
     server = fakes()
     episode = RemoteEpisode(ServerPool([server.url], DIALECTS["textcraft"], FAST), "t", 0)
@@ -127,7 +157,8 @@ def test_a_replay_onto_a_server_with_another_hash_seed_says_how_to_pin_it(fakes)
 
 
 # Against `serve-env --compat agentgym`, which answers as AgentGym's servers do (checked against
-# their code in tests/test_serve_agentgym_compat.py): the same texts, the same hash-seed dependence.
+# recordings of theirs in tests/test_serve_agentgym_compat.py): the same texts, the same hash-seed
+# dependence.
 
 
 def compat_server(monkeypatch, hash_seed: str):

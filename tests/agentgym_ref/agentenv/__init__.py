@@ -1,1 +1,0 @@
-__all__ = ["controller", "envs", "trainer"]

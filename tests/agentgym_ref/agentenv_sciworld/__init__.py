@@ -1,1 +1,0 @@
-# Not AgentGym's (its imports the server, which starts a JVM at import): import modules.

@@ -1,1 +1,0 @@
-# Not AgentGym's (its imports the server, which loads recipes at import): import modules.
