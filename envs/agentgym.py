@@ -60,7 +60,9 @@ class LostEpisode(RuntimeError):
 # a looser match would turn an environment's own errors into endless recoveries.
 UNKNOWN_ID = "unknown environment id"
 # What AgentGym's TextCraft and SciWorld servers answer (HTTP 200, `error` field) for an id they
-# do not know: the whole message, so "has been deleted" or "has finished" stay errors.
+# do not know (agentenv_textcraft/env_wrapper.py and agentenv_sciworld/environment.py, `_check_id`;
+# their only such text: `/close` answers `false` or HTTP 500, which `close` ignores): the whole
+# message, so "has been deleted" or "has finished" stay errors.
 AGENTGYM_UNKNOWN_ID = re.compile(r"The id -?\d+ is not valid\.")
 # AgentGym's TextCraft server builds its task text by iterating Python sets, so the text depends
 # on the server process's hash seed: servers with different seeds cannot take over each other's
@@ -68,7 +70,8 @@ AGENTGYM_UNKNOWN_ID = re.compile(r"The id -?\d+ is not valid\.")
 HASH_SEED_HINT = (
     "AgentGym's TextCraft server's text depends on its hash seed, so this server was likely "
     "started with another PYTHONHASHSEED than the first: start every server with the same one "
-    "(e.g. `PYTHONHASHSEED=0 textcraft --port 36001`)"
+    "(e.g. `PYTHONHASHSEED=0 textcraft --port 36001`, or `PYTHONHASHSEED=0 flywheel serve-env "
+    "--compat agentgym --port 36001`)"
 )
 # The bearer token Flywheel's servers require when started with one; the client sends it too.
 TOKEN_ENV = "FLYWHEEL_ENV_TOKEN"

@@ -5,7 +5,10 @@
 
 AgentGym's own clients can use it (TextCraft and SciWorld servers' fields; `--dialect webshop`
 speaks WebShop's), and so can Flywheel's (`env.servers` in a recipe config). `data_idx` indexes
-the environment's train tasks followed by its test tasks. Beyond AgentGym's endpoints it answers
+the environment's train tasks followed by its test tasks. With `--compat agentgym` it answers as
+AgentGym's own TextCraft and SciWorld servers do instead, index for index and key for key: their
+task numbering, texts, errors (HTTP 200) and HTTP 422s (envs/agentgym_compat.py), and Flywheel's
+own clients refuse it; what follows is the default mode. Beyond AgentGym's endpoints it answers
 `GET /flywheel` (environment, dialect, a digest of the task list: clients check they agree),
 `GET /tasks` (the task ids in `data_idx` order) and `POST /flywheel/step` (many sessions' steps in
 one request: `{"steps": [<a /step body>, ...]}` answers `{"results": [<its /step answer>, ...]}`).
@@ -42,6 +45,7 @@ from envs.agentgym import (
     served_task_ids,
     tasks_digest,
 )
+from envs.agentgym_compat import COMPAT_MODES, HTTPReply
 from envs.base import Environment, Episode
 
 # The default `--max-body-bytes`: a batched step of 256 episodes is ~20 KiB.
@@ -84,6 +88,21 @@ class EnvService:
         self.digest = tasks_digest(self.tasks)
         self._sessions: dict[int, _Session] = {}
         self._lock = threading.Lock()
+
+    def routes(self) -> list[tuple[str, str, Any, str | None]]:
+        """(path, method, call, what `call` reads: "body", "query" or None)."""
+        return [
+            ("/", "GET", self.hello, None),
+            ("/flywheel", "GET", self.info, None),
+            ("/tasks", "GET", self.task_list, None),
+            ("/create", "POST", self.create, "body"),
+            ("/reset", "POST", self.reset, "body"),
+            ("/step", "POST", self.step, "body"),
+            ("/close", "POST", self.close, "body"),
+            ("/flywheel/step", "POST", self.step_many, "body"),
+            ("/observation", "GET", self.observation, "query"),
+            ("/detail", "GET", self.detail, "query"),
+        ]
 
     def info(self) -> dict:
         return {
@@ -235,15 +254,29 @@ def create_app(
     session_ttl_s: float = 3600,
     token: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    compat: str | None = None,
 ):
     """The service as an ASGI app (Starlette: the protocol is small enough that FastAPI's request
-    validation would only add latency; bodies are checked by `EnvService`). With `token`, every
-    request but `GET /` needs `Authorization: Bearer <token>`."""
+    validation would only add latency; bodies are checked by the service). With `token`, every
+    request but `GET /` needs `Authorization: Bearer <token>`. With `compat="agentgym"` it
+    answers as AgentGym's own servers do (envs/agentgym_compat.py)."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.routing import Route
 
-    service = EnvService(env, dialect or dialect_of(env.name), session_ttl_s)
+    dialect = dialect or dialect_of(env.name)
+    if compat is None:
+        service, parse_body = EnvService(env, dialect, session_ttl_s), _parse_body
+    else:
+        from envs.agentgym_compat import compat_service, parse_json_body
+
+        service = compat_service(compat, env, dialect, session_ttl_s)
+
+        def parse_body(raw: bytes) -> Any:
+            if _nesting_depth(raw) > MAX_JSON_DEPTH:  # kept: a guard, not a protocol difference
+                raise _ClientError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+            return parse_json_body(raw)
+
     # Environments that step in microseconds (TextCraft) are stepped on the event loop; slow or
     # out-of-process ones (ScienceWorld, step_workers > 1) in a thread pool, so one session's
     # step never holds up the others'.
@@ -256,28 +289,24 @@ def create_app(
             try:
                 if not public:
                     _check_token(request, token)
-                args = await _request_args(request, reads, max_body_bytes)
+                args = await _request_args(request, reads, max_body_bytes, parse_body)
             except _ClientError as error:
                 return _error_response(error.status, error.message)
+            except HTTPReply as reply:
+                return reply.response()
             if inline:
                 status, answer = _answer(call, *args)
             else:
                 status, answer = await run_in_threadpool(_answer, call, *args)
+            if isinstance(answer, HTTPReply):
+                return answer.response()
             return _json_response(status, answer)
 
         return handle
 
     routes = [
-        Route("/", endpoint(service.hello, None, public=True), methods=["GET"]),
-        Route("/flywheel", endpoint(service.info, None), methods=["GET"]),
-        Route("/tasks", endpoint(service.task_list, None), methods=["GET"]),
-        Route("/create", endpoint(service.create), methods=["POST"]),
-        Route("/reset", endpoint(service.reset), methods=["POST"]),
-        Route("/step", endpoint(service.step), methods=["POST"]),
-        Route("/close", endpoint(service.close), methods=["POST"]),
-        Route("/flywheel/step", endpoint(service.step_many), methods=["POST"]),
-        Route("/observation", endpoint(service.observation, "query"), methods=["GET"]),
-        Route("/detail", endpoint(service.detail, "query"), methods=["GET"]),
+        Route(path, endpoint(call, reads, public=path == "/"), methods=[method])
+        for path, method, call, reads in service.routes()
     ]
     app = Starlette(routes=routes)
     app.state.service = service
@@ -295,11 +324,11 @@ def _check_token(request, token: str | None) -> None:
         raise _ClientError("wrong bearer token", 401)
 
 
-async def _request_args(request, reads: str | None, max_body_bytes: int) -> tuple:
+async def _request_args(request, reads: str | None, max_body_bytes: int, parse_body) -> tuple:
     if reads == "query":
         return (dict(request.query_params),)
     if reads == "body":
-        return (_parse_body(await _read_body(request, max_body_bytes)),)
+        return (parse_body(await _read_body(request, max_body_bytes)),)
     return ()
 
 
@@ -371,6 +400,8 @@ def _answer(call, *args) -> tuple[int, Any]:
     message as raised (KeyError's `str` would add quotes)."""
     try:
         return 200, call(*args)
+    except HTTPReply as reply:  # an answer given as it is (compat mode's HTTP 422 and 500)
+        return reply.status, reply
     except _ClientError as error:
         return error.status, {"error": error.message}
     except Exception as error:  # the environment failed; the server keeps serving
@@ -448,6 +479,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dialect", choices=sorted(DIALECTS), help="AgentGym field names (default: the env's own)"
     )
     parser.add_argument(
+        "--compat",
+        choices=COMPAT_MODES,
+        help="answer as AgentGym's own TextCraft and SciWorld servers do: their task numbering, "
+        "texts, errors and HTTP 422s (envs/agentgym_compat.py; default: Flywheel's numbering). "
+        "TextCraft's texts then depend on the hash seed, as AgentGym's do: start with "
+        "PYTHONHASHSEED=0 (the AgentGym server too) for texts that match",
+    )
+    parser.add_argument(
         "--session-ttl",
         type=float,
         default=3600,
@@ -510,13 +549,29 @@ def main(argv: list[str] | None = None) -> int:
             "anyone who can reach the port can use it",
             file=sys.stderr,
         )
-    app = create_app(env, args.dialect, args.session_ttl, token, args.max_body_bytes)
+    try:
+        app = create_app(
+            env, args.dialect, args.session_ttl, token, args.max_body_bytes, args.compat
+        )
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     service = app.state.service
+    info = service.info()
+    mode = f", answering as {args.compat}'s servers" if args.compat else ""
     print(
-        f"serving {env.name} ({service.dialect.name} dialect, {len(service.tasks)} tasks) "
+        f"serving {env.name} ({info['dialect']} dialect{mode}, {info['tasks']} tasks) "
         f"on http://{args.host}:{args.port}, {'with' if token else 'without'} a bearer token",
         flush=True,
     )
+    if args.compat and info["dialect"] == "textcraft" and not os.environ.get("PYTHONHASHSEED"):
+        print(
+            "note: TextCraft's texts depend on this process's hash seed, as AgentGym's server's "
+            "do; start both with the same PYTHONHASHSEED (e.g. PYTHONHASHSEED=0) to get the same "
+            "texts, and every server a client moves episodes between",
+            file=sys.stderr,
+            flush=True,
+        )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
 

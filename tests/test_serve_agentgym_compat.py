@@ -1,0 +1,300 @@
+"""`flywheel serve-env --compat agentgym` against recordings of AgentGym's own servers.
+
+tests/data/agentgym/{textcraft,sciworld}.json.gz hold requests sent to AgentGym's real TextCraft
+and SciWorld servers (WooooDyy/AgentGym, the commit named in each file) and their answers: every
+TextCraft `data_idx` and the edge ones, played episodes, malformed and unknown-id requests, the
+requests AgentGym's own `TextCraftEnvClient` sends, SciWorld's sequences. Each test replays them
+against our compat server and compares HTTP status, content type and body exactly: key for key,
+index for index, with the same types (1, not 1.0). Session ids are compared by name ("s0" is the
+first /create of a sequence), as AgentGym's count from 0 and ours are random.
+
+AgentGym's TextCraft texts depend on its server's hash seed, so our TextCraft server runs as a
+child process with the seed the recording names. To record again (needs an AgentGym checkout):
+`python scripts/record_agentgym.py --help`."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from envs import make_env
+from envs.serve import LocalServer, create_app, main
+
+DATA = Path(__file__).parent / "data" / "agentgym"
+
+
+@functools.cache
+def recording(server: str) -> dict:
+    with gzip.open(DATA / f"{server}.json.gz", "rt", encoding="utf-8") as file:
+        return json.load(file)
+
+
+def sequence(server: str, name: str) -> list[dict]:
+    return recording(server)["sequences"][name]
+
+
+def name_sessions(value, names: dict[int, str]):
+    """`value` with session ids replaced by their names: `id` fields and AgentGym's error texts
+    (as scripts/record_agentgym.py names AgentGym's ids in the recordings)."""
+
+    def walk(v, key=None):
+        if isinstance(v, dict):
+            return {k: walk(x, k) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if key == "id" and isinstance(v, int) and not isinstance(v, bool) and v in names:
+            return names[v]
+        if isinstance(v, str):
+            for env_id, name in names.items():
+                v = v.replace(f"The id {env_id} is", f"The id {name} is")
+                v = v.replace(f"environment {env_id} has", f"environment {name} has")
+        return v
+
+    return walk(value)
+
+
+class Replay:
+    """Recorded requests sent to our server, each session's id put where AgentGym's was."""
+
+    def __init__(self, client, task_text=None) -> None:
+        """`task_text(id)`: AgentGym's TextCraft task text for `data_idx` = id, which its
+        `/create` answers (it resets a new environment to its own id, and ours are not its)."""
+        self.client, self.task_text = client, task_text
+        self.ids: dict[str, int] = {}  # session name -> our id
+        self.names: dict[int, str] = {}
+
+    def send(self, request: dict):
+        kwargs: dict = {}
+        body, params = request.get("json"), dict(request.get("params", {}))
+        if "session" in request:
+            if request["method"] == "POST":
+                body = {**body, "id": self.ids[request["session"]]}
+            else:
+                params["id"] = self.ids[request["session"]]
+        if "json" in request:
+            kwargs["json"] = body
+        if "content" in request:
+            kwargs["content"] = request["content"].encode()
+            kwargs["headers"] = {"content-type": request["content_type"]}
+        if params:
+            kwargs["params"] = params
+        return self.client.request(request["method"], request["path"], **kwargs)
+
+    def answer(self, request: dict) -> dict:
+        """Our answer to `request`, in the recording's form."""
+        response = self.send(request)
+        kind = response.headers.get("content-type", "").split(";")[0]
+        body = response.json() if kind == "application/json" else response.text
+        if request["path"] == "/create" and isinstance(body, dict) and "id" in body:
+            self.names[body["id"]] = name = f"s{len(self.names)}"
+            self.ids[name] = body["id"]
+        if kind == "application/json":
+            body = name_sessions(body, self.names)
+        return {"status": response.status_code, "type": kind, "body": body}
+
+    def check(self, entry: dict) -> dict:
+        """Our answer to the recorded request must be AgentGym's, as JSON text (so that 1 and
+        1.0, and the order of keys, differ)."""
+        ours = self.answer(entry["request"])
+        theirs = copy.deepcopy({key: entry[key] for key in ("status", "type", "body")})
+        if "agentgym_id" in entry and "observation" in theirs["body"]:
+            our_id = self.ids[theirs["body"]["id"]]
+            theirs["body"]["observation"] = self.task_text(our_id)
+        assert json.dumps(ours, indent=1) == json.dumps(theirs, indent=1), entry["request"]
+        return ours
+
+    def check_all(self, entries: list[dict]) -> None:
+        for entry in entries:
+            self.check(entry)
+
+
+def bodies(entries: list[dict], path: str) -> list:
+    return [entry["body"] for entry in entries if entry["request"]["path"] == path]
+
+
+# ---- TextCraft ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def textcraft_server():
+    """Our compat TextCraft server, a child process with the recording's hash seed."""
+    seed = recording("textcraft")["agentgym"]["pythonhashseed"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONHASHSEED", seed)  # the child process inherits it
+        server = LocalServer("--env", "textcraft", "--compat", "agentgym")
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def textcraft(textcraft_server):
+    import httpx
+
+    with httpx.Client(base_url=textcraft_server.url, timeout=60) as client:
+        yield client
+
+
+def textcraft_replay(client) -> Replay:
+    texts = agentgym_task_texts()
+    return Replay(client, task_text=lambda env_id: texts[env_id % 544])
+
+
+def test_every_data_idx_resets_to_agentgyms_task_and_text(textcraft):
+    entries = sequence("textcraft", "every_data_idx")
+    resets = [e for e in entries if e["request"]["path"] == "/reset"]
+    assert [e["request"]["json"].get("data_idx", "default") for e in resets] == [
+        *range(544),
+        544,
+        1000,
+        -1,
+        "default",
+        None,
+    ]
+    assert all(e["body"]["observation"].startswith("Crafting commands:") for e in resets[:-1])
+    assert "error" in resets[-1]["body"]  # a None data_idx: AgentGym's TypeError text
+    textcraft_replay(textcraft).check_all(entries)
+    assert len(textcraft.get("/tasks").json()) == 544
+
+
+@functools.cache
+def agentgym_task_texts() -> dict[int, str]:
+    """AgentGym's `/reset` text for each `data_idx` of the recording."""
+    resets = [
+        e for e in sequence("textcraft", "every_data_idx") if e["request"]["path"] == "/reset"
+    ]
+    return {
+        e["request"]["json"]["data_idx"]: e["body"]["observation"]
+        for e in resets
+        if isinstance(e["request"]["json"].get("data_idx"), int)
+    }
+
+
+def test_create_answers_the_task_of_its_own_id_as_agentgym_does(textcraft):
+    texts = agentgym_task_texts()
+    creates = [
+        entry
+        for entries in recording("textcraft")["sequences"].values()
+        for entry in entries
+        if entry["request"]["path"] == "/create" and entry["status"] == 200
+    ]
+    assert len(creates) >= 8
+    for entry in creates:  # AgentGym's /create resets to its own id
+        assert entry["body"]["observation"] == texts[entry["agentgym_id"]]
+    created = textcraft.post("/create", json={"commands": None, "goal": "ignored"}).json()
+    assert list(created) == list(creates[0]["body"]) == ["id", "observation", "done", "reward"]
+    assert created["observation"] == texts[created["id"] % 544]
+    assert created["done"] is False and type(created["reward"]) is int
+
+
+@pytest.mark.parametrize("data_idx", [0, 130, 300, 540])
+def test_a_played_episode_answers_as_agentgyms_to_every_request(textcraft, data_idx):
+    entries = sequence("textcraft", f"episode_{data_idx}")
+    steps = bodies(entries, "/step")
+    goal = next(i for i, step in enumerate(steps) if step.get("reward") == 1)
+    assert steps[goal]["done"] is True and "minecraft:" in steps[goal]["observation"]
+    after = steps[goal + 1]  # the game has no end: the step is played
+    assert after["observation"].startswith("Inventory: ") and after["done"] is False
+    assert bodies(entries, "/close") == [True, False]
+    assert steps[-1] == {"error": "The id s0 is not valid."}  # a step after /close
+    textcraft_replay(textcraft).check_all(entries)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    sequence("textcraft", "bad_requests"),
+    ids=lambda e: f"{e['request']['method']} {e['request']['path']}",
+)
+def test_bad_requests_get_agentgyms_status_and_answer(textcraft, entry):
+    textcraft_replay(textcraft).check(entry)
+
+
+def test_agentgyms_textcraft_client_requests_get_the_same_answers(textcraft):
+    """What AgentGym's `TextCraftEnvClient` sent (create, reset 7 and 222, a wrong step, the
+    expert's plan, inventory, close) and AgentGym's server answered."""
+    entries = sequence("textcraft", "agentgym_client")
+    assert entries[0]["request"]["json"]["minecraft_dir"] == "agentenv_textcraft/"
+    assert {"reward": 1, "done": True}.items() <= next(
+        step for step in bodies(entries, "/step") if step["reward"]
+    ).items()
+    assert bodies(entries, "/close") == [True]
+    textcraft_replay(textcraft).check_all(entries)
+
+
+def test_serve_env_compat_flag_starts_and_refuses_what_it_cannot_serve(textcraft, capsys):
+    assert textcraft.get("/").json() == "This is environment TextCraft."
+    info = textcraft.get("/flywheel").json()
+    assert info["compat"] == "agentgym" and info["tasks"] == 544
+    assert main(["--env", "textcraft", "--compat", "agentgym", "--dialect", "webshop"]) == 2
+    assert "textcraft and sciworld dialects" in capsys.readouterr().err
+    assert main(["--env", "textcraft", "--compat", "agentgym", "--dialect", "sciworld"]) == 2
+    assert "need the scienceworld environment" in capsys.readouterr().err
+
+
+def test_flywheels_own_clients_refuse_a_compat_server(textcraft_server):
+    from envs.agentgym import RemoteEnv
+
+    with pytest.raises(ValueError, match="serves"):
+        RemoteEnv(make_env("textcraft"), [textcraft_server.url]).check()
+
+
+def test_the_recordings_name_their_source():
+    for server in ("textcraft", "sciworld"):
+        meta = recording(server)["agentgym"]
+        assert meta["repository"] == "https://github.com/WooooDyy/AgentGym"
+        assert len(meta["commit"]) == 40 and meta["pythonhashseed"] and meta["recorded"]
+    assert (
+        os.path.getsize(DATA / "textcraft.json.gz") + os.path.getsize(DATA / "sciworld.json.gz")
+        < 2_000_000
+    )
+
+
+# ---- SciWorld ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sciworld():
+    """Our compat SciWorld server (Flywheel's pool of ScienceWorld processes), in this process:
+    ScienceWorld's texts do not depend on the hash seed."""
+    from starlette.testclient import TestClient
+
+    with TestClient(create_app(make_env("scienceworld"), compat="agentgym")) as client:
+        yield client
+
+
+def test_sciworld_answers_as_agentgyms_server(sciworld):
+    entries = sequence("sciworld", "answers")
+    games = sciworld.get("/tasks").json()
+    assert games[0] == "boil/0" and len(games) > 1000
+    resets = [e for e in entries if e["request"]["path"] == "/reset"]
+    assert [e["request"]["json"]["data_idx"] for e in resets] == [
+        0, 500, len(games) - 1, -1, len(games), 3
+    ]  # fmt: skip
+    assert (resets[-1]["body"]["task_name"], resets[-1]["body"]["var_num"]) == ("boil", 3)
+    assert bodies(entries, "/close")[0] is True and entries[-1]["status"] == 500
+    Replay(sciworld).check_all(entries)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    sequence("sciworld", "bad_requests"),
+    ids=lambda e: f"{e['request']['method']} {e['request']['path']}",
+)
+def test_sciworld_bad_requests_get_agentgyms_status_and_answer(sciworld, entry):
+    Replay(sciworld).check(entry)
+
+
+def test_a_sciworld_episode_ends_as_agentgyms_does(sciworld):
+    """A wrong focus fails the task (score -100, done); AgentGym then refuses further steps."""
+    entries = sequence("sciworld", "episode_end")
+    steps = bodies(entries, "/step")
+    assert steps[0]["done"] is True
+    assert steps[1] == {"error": "The task with environment s0 has finished."}
+    Replay(sciworld).check_all(entries)
