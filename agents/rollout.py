@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
+from agents.turns import turns_for
 from envs.base import Environment, EnvironmentUnavailable, Episode, StepResult
 from flywheel.chat import (
     ChatTokenizer,
     ParsedReply,
     format_observation,
-    format_reply,
     parse_reply,
 )
 from flywheel.inference import InferenceBackend, OpenAIBackend, SamplingSettings, shared_vllm
@@ -52,19 +52,20 @@ def expert_trajectory(env: Environment, task_id: str, prefix: list[Message]) -> 
     plan = env.expert_plan(task_id)
     if plan is None:
         return None
+    turns = turns_for(env)
     episode = env.start(task_id)
     messages = prefix + [Message(role="user", content=episode.instruction)]
     reward, done, steps = 0.0, False, 0
     for i, (thought, action) in enumerate(plan):
         steps += 1
-        messages.append(Message(role="assistant", content=format_reply(thought, action), loss=True))
+        messages.append(turns.written_turn(thought, action))
         result = episode.step(action)
         reward += result.reward
         done = result.done
         if done:
             break
         if i < len(plan) - 1:
-            messages.append(Message(role="user", content=format_observation(result.observation)))
+            messages.append(turns.observation(result.observation))
     episode.close()
     if not done:
         return None
