@@ -140,7 +140,8 @@ class QAEpisode(Episode):
 
 class QAEnv(Environment):
     name = "qa"
-    noop_action = call_action("search", {"query": "-"})  # a search changes nothing
+    # A search changes nothing (it does use one of the episode's tool calls).
+    noop_action = call_action("search", {"query": "nothing"})
 
     def __init__(
         self,
@@ -164,7 +165,11 @@ class QAEnv(Environment):
             timeout_s=self.settings.tool_timeout_s,
             max_output_chars=self.settings.max_output_chars,
         )
-        self._lock = threading.Lock()
+        # Per split, loaded on first use (a benchmark's corpus can be large), under a lock since
+        # episodes may start in threads.
+        self._lock = threading.RLock()
+        self._data: dict[Split, QAData] = {}
+        self._questions: dict[Split, dict[str, QARecord]] = {}
         self._tools: dict[Split, dict[str, Tool]] = {}
 
     def check(self) -> None:
@@ -172,13 +177,17 @@ class QAEnv(Environment):
             if not self.data(split).questions:
                 raise ValueError(f"env.qa: the {split} split has no questions")
 
-    @functools.cache  # noqa: B019 - one environment per run; its data lives as long as it does
     def data(self, split: Split) -> QAData:
-        return self._load(split)
+        with self._lock:
+            if split not in self._data:
+                self._data[split] = self._load(split)
+            return self._data[split]
 
-    @functools.cache  # noqa: B019
     def questions(self, split: Split) -> dict[str, QARecord]:
-        return {q.id: q for q in self.data(split).questions}
+        with self._lock:
+            if split not in self._questions:
+                self._questions[split] = {q.id: q for q in self.data(split).questions}
+            return self._questions[split]
 
     def task_ids(self, split: Split) -> list[str]:
         return list(self.questions(split))
@@ -224,14 +233,11 @@ class QAEnv(Environment):
         split = self.split_of(task_id)
         record = self.questions(split)[task_id]
         world = generated_world(self.settings.seed) if record.source == "generated" else None
-        plan = solver_plan(record, self._documents(split), world, self.settings.tools)
+        titles = {d.id: d.title for d in self.data(split).corpus if d.id in record.supporting_ids}
+        plan = solver_plan(record, titles, world, self.settings.tools)
         if plan is None or len(plan) - 1 > self.settings.max_tool_calls:
             return None
         return plan
-
-    @functools.cache  # noqa: B019
-    def _documents(self, split: Split) -> dict[str, Document]:
-        return {d.id: d for d in self.data(split).corpus}
 
 
 # ---- the prompt ---------------------------------------------------------------------------------
@@ -267,17 +273,17 @@ def system_prompt(agent_format: str, tool_names: list[str]) -> str:
 
 def solver_plan(
     record: QARecord,
-    documents: dict[str, Document],
+    titles: dict[str, str],
     world: World | None,
     tool_names: list[str],
 ) -> list[tuple[str, str]] | None:
     """(thought, action) steps that answer `record`; None when it has no supporting documents
-    to search for (Bamboogle), or there is no search tool."""
+    to search for (Bamboogle), or there is no search tool. `titles`: document id -> title."""
     if not record.supporting_ids or "search" not in tool_names:
         return None
     steps = [
         (f"I need the document about {title}.", call_action("search", {"query": title}))
-        for title in dict.fromkeys(documents[i].title for i in record.supporting_ids)
+        for title in dict.fromkeys(titles[i] for i in record.supporting_ids)
     ]
     code = arithmetic_code(record, world) if world and "python" in tool_names else None
     if code:
