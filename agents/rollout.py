@@ -15,15 +15,16 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
+from agents.turns import Reply, Turns, turns_for
 from envs.base import Environment, EnvironmentUnavailable, Episode, StepResult
-from flywheel.chat import (
-    ChatTokenizer,
-    ParsedReply,
-    format_observation,
-    format_reply,
-    parse_reply,
+from flywheel.chat import ChatTokenizer
+from flywheel.inference import (
+    Generation,
+    InferenceBackend,
+    OpenAIBackend,
+    SamplingSettings,
+    shared_vllm,
 )
-from flywheel.inference import InferenceBackend, OpenAIBackend, SamplingSettings, shared_vllm
 from flywheel.records import EpisodeStats, Message, Trajectory
 from flywheel.settings import EnvSettings
 from flywheel.stage import StageResult
@@ -52,19 +53,20 @@ def expert_trajectory(env: Environment, task_id: str, prefix: list[Message]) -> 
     plan = env.expert_plan(task_id)
     if plan is None:
         return None
+    turns = turns_for(env)
     episode = env.start(task_id)
     messages = prefix + [Message(role="user", content=episode.instruction)]
     reward, done, steps = 0.0, False, 0
     for i, (thought, action) in enumerate(plan):
         steps += 1
-        messages.append(Message(role="assistant", content=format_reply(thought, action), loss=True))
+        messages.append(turns.written_turn(thought, action))
         result = episode.step(action)
         reward += result.reward
         done = result.done
         if done:
             break
         if i < len(plan) - 1:
-            messages.append(Message(role="user", content=format_observation(result.observation)))
+            messages.append(turns.observation(result.observation))
     episode.close()
     if not done:
         return None
@@ -110,13 +112,18 @@ def run_batched(
     prefix: list[Message],
     settings: RolloutSettings,
     progress: bool = True,
+    samples_per_task: int = 1,
 ) -> list[Trajectory]:
     """All episodes advance together: one `generate` call per step over the unfinished ones.
 
     The environment steps all live episodes at once (`Environment.step_all`: in threads, or one
-    request per server for remote ones). Every task yields exactly one trajectory, also when its
-    episode could not start or its server was lost ("lost: ...").
+    request per server for remote ones). Every task yields exactly one trajectory per sample,
+    also when its episode could not start or its server was lost ("lost: ..."). With several
+    samples per task, a task's trajectories (in a row) share the group id `task_id`, the group
+    a GRPO-style advantage compares them within.
     """
+    task_ids = [task_id for task_id in task_ids for _ in range(samples_per_task)]
+    group = samples_per_task > 1
     prefix_ids, _ = chat.encode(prefix)
     start = functools.partial(_start, env, prefix=prefix, prefix_ids=prefix_ids, chat=chat)
     states = env.in_parallel(start, task_ids)
@@ -134,25 +141,26 @@ def run_batched(
         for state in live:
             if not state.finish_reason:
                 state.episode.close()
-    return [_to_trajectory(env, s, len(prefix)) for s in states]
+    return [_to_trajectory(env, s, len(prefix), grouped=group) for s in states]
 
 
 def _play(env, live: list[_Live], backend, chat, settings, progress: bool, total: int) -> None:
     bar = tqdm(total=total, desc=f"{env.name} episodes", unit="ep", disable=not progress)
     bar.update(total - len(live))
+    turns = turns_for(env)
     step = 0
     while live:
         step += 1
         prompts = [state.ids + chat.header_ids for state in live]
         generations = backend.generate(prompts, settings.sampling)
         replies = [
-            _reply(chat, state, g.text, g.token_ids)
-            for state, g in zip(live, generations, strict=True)
+            _reply(chat, turns, state, g) for state, g in zip(live, generations, strict=True)
         ]
         moves = [(s.episode, r.action) for s, r in zip(live, replies, strict=True) if r.action]
         results = iter(env.step_all(moves))  # all episodes' steps at once, in order
         for state, reply in zip(live, replies, strict=True):
-            _observe(chat, state, next(results) if reply.action else reply.error, settings)
+            result = next(results) if reply.action else reply.error
+            _observe(chat, turns, state, result, settings, reply.malformed)
             if state.finish_reason:
                 state.episode.close()
                 bar.update(1)
@@ -169,17 +177,23 @@ def run_sequential(env, task_ids, backend, chat, prefix, settings) -> list[Traje
     return out
 
 
-def _reply(chat, state: _Live, text: str, token_ids: list[int]) -> ParsedReply:
-    """Add the model's reply to the episode and parse it (its action, or what is wrong)."""
-    reply = chat.generated_message(text, token_ids)
+def _reply(chat, turns: Turns, state: _Live, generation: Generation) -> Reply:
+    """Add the model's reply to the episode (its ids as generated, and their log-probabilities
+    when the backend returned them) and read it (its action, or what is wrong)."""
+    reply = chat.generated_message(
+        generation.text, generation.token_ids, logprobs=generation.logprobs
+    )
     state.messages.append(reply)
     state.ids += chat.message_ids(reply)[0]
     state.steps += 1
-    return parse_reply(text)
+    return turns.read(generation.text)
 
 
-def _observe(chat, state: _Live, result: StepResult | Exception | str, settings) -> None:
-    """What came back: the step's result, the step's error, or the format hint (no action)."""
+def _observe(
+    chat, turns: Turns, state: _Live, result: StepResult | Exception | str, settings, malformed
+) -> None:
+    """What came back: the step's result, the step's error, or the format hint (no action);
+    `malformed`: the step answered a reply that could not be parsed."""
     if isinstance(result, Exception):  # recorded; the other episodes go on
         state.finish_reason = _error_reason(result)
         return
@@ -195,7 +209,7 @@ def _observe(chat, state: _Live, result: StepResult | Exception | str, settings)
     elif state.steps >= settings.max_steps:
         state.finish_reason = "max_steps"
     else:
-        message = Message(role="user", content=format_observation(observation))
+        message = turns.observation(observation, malformed)
         state.messages.append(message)
         state.ids += chat.message_ids(message)[0]
         room = settings.max_model_len - len(chat.header_ids) - settings.sampling.max_tokens
@@ -210,7 +224,7 @@ def _error_reason(error: Exception) -> str:
     return f"{kind}: {type(error).__name__}: {error}"
 
 
-def _to_trajectory(env: Environment, state: _Live, episode_start: int) -> Trajectory:
+def _to_trajectory(env: Environment, state: _Live, episode_start: int, grouped: bool) -> Trajectory:
     messages = state.messages
     if messages[-1].role == "user" and len(messages) > episode_start + 1:
         messages = messages[:-1]  # a trailing observation nobody answered
@@ -225,6 +239,7 @@ def _to_trajectory(env: Environment, state: _Live, episode_start: int) -> Trajec
         source="policy",
         finish_reason=state.finish_reason,
         recoveries=getattr(state.episode, "recoveries", 0),
+        group_id=state.task_id if grouped else None,
     )
 
 

@@ -45,4 +45,8 @@ def _local_env(settings: EnvSettings) -> Environment:
 
         sw = settings.scienceworld
         return ScienceWorldEnv(sw.task_names, sw.variations, sw.simplification)
+    if settings.name == "qa":
+        from envs.qa_env import QAEnv
+
+        return QAEnv(settings.qa)
     raise ValueError(f"unknown environment {settings.name!r}")

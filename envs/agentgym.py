@@ -481,6 +481,7 @@ class RemoteEnv(Environment):
         self.reward_range = catalog.reward_range
         self.system_prompt = catalog.system_prompt
         self.noop_action = catalog.noop_action
+        self.agent_format, self.tool_arguments = catalog.agent_format, catalog.tool_arguments
         self.served_tasks = served_task_ids(catalog)
         self._index = {t: i for i, t in enumerate(self.served_tasks)}
         self.pool = ServerPool(

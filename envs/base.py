@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
 Split = Literal["train", "test"]
@@ -65,6 +66,13 @@ class Environment(ABC):
     # An action that changes nothing. Agent-R's revision turn takes it, so a revised trajectory
     # is still a sequence of steps the environment really answered.
     noop_action: str = "wait"
+    # How the agent writes its moves, an `agents.formats` name. "react": the `Action:` line of a
+    # reply is the step's action. A tool format ("tags", "json"): the reply's tool call or answer
+    # is, as `envs.tools.call_action` writes it, and a reply that cannot be parsed is stepped
+    # too (`envs.tools.malformed_action`), so the environment can score the format.
+    agent_format: str = "react"
+    # Tool formats: the tools offered, name -> the argument a tag call's body fills.
+    tool_arguments: Mapping[str, str] = MappingProxyType({})
 
     def check(self) -> None:  # noqa: B027 - optional hook
         """Raise ValueError saying what to fix when the environment cannot run (a server down,

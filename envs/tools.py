@@ -10,6 +10,7 @@ their order; a tool batches them its own way (one BM25 retrieval, parallel sandb
 
 from __future__ import annotations
 
+import json
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -233,3 +234,52 @@ class AnswerTool(Tool):
     def run(self, arguments: dict) -> str:
         self.answers.append(arguments["text"].strip())
         return f"Final answer recorded: {self.answers[-1]}"
+
+
+# ---- a tool-using environment's actions ----------------------------------------------------------
+#
+# `Episode.step` takes a string (remote episodes go over HTTP), so a tool-using environment reads
+# one canonical action: the agent's parsed move as JSON. The agent's format (tags, JSON tool
+# calls) is the rollout's business; the environment sees the same action whichever it is. A
+# reply that could not be parsed is stepped too, as a `malformed_action`: the environment
+# answers it with the parse error and counts it against the episode's format reward.
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    """A tool call (or the final answer, a call of `answer`) read from an action."""
+
+    name: str
+    arguments: dict
+
+
+@dataclass(frozen=True)
+class MalformedReply:
+    """The agent's reply could not be parsed; `message` says why, worded for the agent."""
+
+    message: str
+
+
+def call_action(name: str, arguments: dict) -> str:
+    return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+
+
+def malformed_action(message: str) -> str:
+    return json.dumps({"malformed": message}, ensure_ascii=False)
+
+
+def read_action(action: str) -> CallRequest | MalformedReply:
+    """The move an action string holds; an action that is neither kind reads as malformed."""
+    try:
+        move = json.loads(action)
+    except json.JSONDecodeError:
+        move = None
+    if isinstance(move, dict) and isinstance(move.get("malformed"), str):
+        return MalformedReply(move["malformed"])
+    if (
+        isinstance(move, dict)
+        and isinstance(move.get("name"), str)
+        and isinstance(move.get("arguments"), dict)
+    ):
+        return CallRequest(move["name"], move["arguments"])
+    return MalformedReply(f"{ERROR} unreadable action {action[:80]!r}.")

@@ -135,10 +135,16 @@ class ChatTokenizer:
             body.pop()
         return body
 
-    def generated_message(self, text: str, token_ids: list[int], loss: bool = True) -> Message:
+    def generated_message(
+        self,
+        text: str,
+        token_ids: list[int],
+        loss: bool = True,
+        logprobs: list[float] | None = None,
+    ) -> Message:
         """An assistant turn as the model generated it: its ids without the end token, and
         whether the model generated that end itself (it did not when it stopped on a stop string
-        or at max_tokens)."""
+        or at max_tokens); `logprobs` (one per generated id) are kept for the ids kept."""
         body = self.strip_end(token_ids)
         return Message(
             role="assistant",
@@ -146,4 +152,5 @@ class ChatTokenizer:
             loss=loss,
             token_ids=body,
             end_generated=len(body) < len(token_ids),
+            logprobs=logprobs[: len(body)] if logprobs is not None else None,
         )

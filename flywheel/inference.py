@@ -25,6 +25,9 @@ class SamplingSettings:
     top_p: float = 1.0
     max_tokens: int = 96
     seed: int = 0
+    # Return each generated token's log-probability (an RL trainer's behaviour policy); off
+    # unless asked, since it costs the engine time.
+    logprobs: bool = False
 
     def prompt_seed(self, index: int) -> int | None:
         """The seed of the `index`-th prompt of a call: distinct per prompt, so the same prompt
@@ -37,6 +40,7 @@ class Generation:
     text: str
     token_ids: list[int]
     finish_reason: str  # "stop" (end token) or "length"
+    logprobs: list[float] | None = None  # of each of `token_ids`, when sampling asked for them
 
 
 class InferenceBackend(Protocol):
@@ -120,16 +124,15 @@ class VLLMBackend:
                 # seeded request is preempted; on CPU the engine's own generator, seeded at
                 # start-up, still gives N copies of a prompt N different samples.
                 seed=sampling.prompt_seed(i) if self.gpu else None,
+                # 0: the sampled token's log-probability alone, no alternatives
+                logprobs=0 if sampling.logprobs else None,
             )
             for i in range(len(prompts))
         ]
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
         )
-        return [
-            Generation(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason)
-            for o in outputs
-        ]
+        return [_generation(o.outputs[0]) for o in outputs]
 
     def score(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[float]:
         from vllm import SamplingParams
@@ -164,6 +167,16 @@ class VLLMBackend:
         if shutdown:
             shutdown()
         del self.llm
+
+
+def _generation(output) -> Generation:
+    """A vLLM completion output as a `Generation`, with the sampled tokens' log-probabilities
+    when they were asked for (a dict per position, holding the sampled token)."""
+    token_ids = list(output.token_ids)
+    logprobs = None
+    if output.logprobs is not None:
+        logprobs = [float(at[t].logprob) for at, t in zip(output.logprobs, token_ids, strict=True)]
+    return Generation(output.text, token_ids, output.finish_reason, logprobs)
 
 
 class OpenAIBackend:
@@ -216,6 +229,7 @@ class OpenAIBackend:
             "top_p": sampling.top_p,
             "seed": sampling.prompt_seed(index),
             "return_token_ids": True,
+            **({"logprobs": 0} if sampling.logprobs else {}),
         }
         response = await client.post(f"{self.base_url}/v1/completions", json=body)
         if response.status_code != 200:
@@ -228,7 +242,11 @@ class OpenAIBackend:
             if self.tokenizer is None:
                 raise RuntimeError("server returned no token ids and no tokenizer was given")
             token_ids = self.tokenizer(choice["text"], add_special_tokens=False)["input_ids"]
-        return Generation(choice["text"], list(token_ids), choice.get("finish_reason") or "stop")
+        logprobs = (
+            (choice.get("logprobs") or {}).get("token_logprobs") if sampling.logprobs else None
+        )
+        finish = choice.get("finish_reason") or "stop"
+        return Generation(choice["text"], list(token_ids), finish, logprobs)
 
     def score(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[float]:
         """Scores with the legacy completions API: `echo` with `logprobs` and `max_tokens` 0

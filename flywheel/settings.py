@@ -25,6 +25,7 @@ ENVIRONMENTS = (
     "agentgym-textcraft",
     "agentgym-sciworld",
     "agentgym-webshop",
+    "qa",
 )
 BUILTIN_MODELS = ("smollm2-135m", "tiny")
 
@@ -92,6 +93,66 @@ class AgentGymTasks(Strict):
         return value
 
 
+QA_SOURCES = ("generated", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+
+
+class QASettings(Strict):
+    """Question answering with tools (env `qa`): the questions, how the agent calls tools, the
+    tools' limits and the reward's weights (`envs.qa_rewards.RewardWeights`)."""
+
+    # "generated": the embedded fictional world (`envs.qa_data`), offline; or a benchmark read
+    # from `train_path` and `test_path` in its published format (`envs.qa_benchmarks`).
+    source: str = "generated"
+    seed: int = 16  # the generated world's
+    train_path: str | None = None
+    test_path: str | None = None
+    # JSON lines of {id, title, text}; None: the benchmark files' own paragraphs.
+    corpus_path: str | None = None
+    # How replies call tools: "tags" (<search>...</search>) or "json" (<tool_call>{...}).
+    format: Literal["tags", "json"] = "tags"
+    tools: list[Literal["search", "python"]] = Field(default_factory=lambda: ["search", "python"])
+    max_tool_calls: int = Field(default=6, ge=1)  # per episode; later calls are refused
+    search_k: int = Field(default=3, ge=1, le=20)  # documents per search
+    tool_timeout_s: float = Field(default=10.0, gt=0)
+    max_output_chars: int = Field(default=2000, ge=100)
+    answer_metric: Literal["f1", "em"] = "f1"
+    answer_weight: float = Field(default=1.0, gt=0)
+    format_weight: float = Field(default=0.1, ge=0)
+    tool_call_weight: float = Field(default=0.0, ge=0)  # process reward per successful call
+    max_rewarded_tool_calls: int = Field(default=3, ge=0)
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, value: str) -> str:
+        if value not in QA_SOURCES:
+            raise ValueError(f"unknown QA source {value!r}; choose one of {QA_SOURCES}")
+        return value
+
+    @model_validator(mode="after")
+    def _files_match_the_source(self) -> QASettings:
+        files = ("train_path", "test_path", "corpus_path")
+        if self.source == "generated":
+            given = [key for key in files if getattr(self, key)]
+            if given:
+                raise ValueError(
+                    f"env.qa.{given[0]} is for benchmark sources: set env.qa.source to one of "
+                    f"{QA_SOURCES[1:]}, or unset it for the generated questions"
+                )
+            return self
+        for key in files:
+            path = getattr(self, key)
+            if path is None and key != "corpus_path":
+                raise ValueError(f"env.qa.source={self.source!r} needs env.qa.{key}: its file")
+            if path is not None and not Path(path).expanduser().is_file():
+                raise ValueError(f"env.qa.{key}: no file at {path!r}")
+        if self.source == "bamboogle" and self.corpus_path is None:
+            raise ValueError(
+                "env.qa.source='bamboogle' has no paragraphs of its own: set env.qa.corpus_path "
+                "to a JSON-lines corpus ({id, title, text} a line)"
+            )
+        return self
+
+
 class EnvSettings(Strict):
     """Which environment and how many of its tasks a run uses (None = all of the split)."""
 
@@ -117,6 +178,7 @@ class EnvSettings(Strict):
     request_timeout_s: float = Field(default=60.0, gt=0)
     scienceworld: ScienceWorldSettings = Field(default_factory=ScienceWorldSettings)
     agentgym: AgentGymTasks = Field(default_factory=AgentGymTasks)
+    qa: QASettings = Field(default_factory=QASettings)
 
     @field_validator("name")
     @classmethod
@@ -142,6 +204,8 @@ class EnvSettings(Strict):
             identity["scienceworld"] = self.scienceworld.model_dump()
         if self.name.startswith("agentgym-"):
             identity["agentgym"] = self.agentgym.model_dump()
+        if self.name == "qa":  # file paths, not contents: a changed file needs a new path
+            identity["qa"] = self.qa.model_dump()
         return identity
 
     @model_validator(mode="after")
