@@ -317,27 +317,57 @@ def _agentgym_error(error: Exception) -> dict:
     return {"error": str(error)}
 
 
-class AgentGymTextCraftService:
-    """agentenv_textcraft's `TextCraft_Wrapper` and FastAPI routes over Flywheel's game."""
+class _AgentGymService:
+    """What AgentGym's TextCraft and SciWorld servers share: the greeting, Flywheel's `/flywheel`
+    and `/tasks`, the session table, and queries that answer for a checked id."""
 
-    hello_text = "This is environment TextCraft."
+    hello_text = ""
+    dialect = ""
 
-    def __init__(self, env, session_ttl_s: float = 3600) -> None:
-        self.env = env
-        self.tasks = list(textcraft_task_ids())
+    def __init__(self, env, tasks: list[str], session_ttl_s: float) -> None:
+        self.env, self.tasks = env, tasks
         self.sessions = _Sessions(session_ttl_s)
 
     def info(self) -> dict:
         from envs.agentgym import tasks_digest
 
-        return {"env": self.env.name, "dialect": "textcraft", "compat": "agentgym",
+        return {"env": self.env.name, "dialect": self.dialect, "compat": "agentgym",
                 "tasks": len(self.tasks), "tasks_sha1": tasks_digest(self.tasks)}  # fmt: skip
 
-    def routes(self) -> list[tuple[str, str, Any, str | None]]:
+    def common_routes(self) -> list[tuple[str, str, Any, str | None]]:
         return [
             ("/", "GET", self.hello, None),
             ("/flywheel", "GET", self.info, None),
             ("/tasks", "GET", lambda: self.tasks, None),
+        ]
+
+    def hello(self) -> str:
+        return self.hello_text
+
+    def _check_id(self, env_id: int) -> None:
+        raise NotImplementedError
+
+    def _query(self, query: dict, answer) -> Any:
+        env_id = validated_id(query)
+        try:
+            self._check_id(env_id)
+            return answer(env_id)
+        except Exception as error:
+            return _agentgym_error(error)
+
+
+class AgentGymTextCraftService(_AgentGymService):
+    """agentenv_textcraft's `TextCraft_Wrapper` and FastAPI routes over Flywheel's game."""
+
+    hello_text = "This is environment TextCraft."
+    dialect = "textcraft"
+
+    def __init__(self, env, session_ttl_s: float = 3600) -> None:
+        super().__init__(env, list(textcraft_task_ids()), session_ttl_s)
+
+    def routes(self) -> list[tuple[str, str, Any, str | None]]:
+        return [
+            *self.common_routes(),
             ("/create", "POST", self.create, "body"),
             ("/step", "POST", self.step, "body"),
             ("/reset", "POST", self.reset, "body"),
@@ -345,9 +375,6 @@ class AgentGymTextCraftService:
             ("/detail", "GET", self.detail, "query"),
             ("/close", "POST", self.close, "body"),
         ]
-
-    def hello(self) -> str:
-        return self.hello_text
 
     def _check_id(self, env_id: int) -> None:  # env_wrapper.py, _check_id
         if env_id not in self.sessions.info:
@@ -397,20 +424,10 @@ class AgentGymTextCraftService:
         return payload
 
     def observation(self, query: dict) -> Any:
-        env_id = validated_id(query)
-        try:
-            self._check_id(env_id)
-            return self.sessions.info[env_id]["observation"]
-        except Exception as error:
-            return _agentgym_error(error)
+        return self._query(query, lambda env_id: self.sessions.info[env_id]["observation"])
 
     def detail(self, query: dict) -> Any:
-        env_id = validated_id(query)
-        try:
-            self._check_id(env_id)
-            return self.sessions.info[env_id]
-        except Exception as error:
-            return _agentgym_error(error)
+        return self._query(query, lambda env_id: self.sessions.info[env_id])
 
     def close(self, body: Any) -> bool:
         request = validated_body(CloseBody, body)
@@ -476,28 +493,20 @@ class _SciWorldGame:
             _pool.give_back(world)
 
 
-class AgentGymSciWorldService:
+class AgentGymSciWorldService(_AgentGymService):
     """agentenv_sciworld's `SciWorldEnv` and FastAPI routes over Flywheel's ScienceWorld pool."""
 
     hello_text = "This is environment ScienceWorld."
+    dialect = "sciworld"
 
     def __init__(self, env, session_ttl_s: float = 3600) -> None:
-        self.env = env
         self.games = list(sciworld_games())
-        self.tasks = [f"{name}/{variation}" for name, variation in self.games]
-        self.sessions = _Sessions(session_ttl_s)
-
-    def info(self) -> dict:
-        from envs.agentgym import tasks_digest
-
-        return {"env": self.env.name, "dialect": "sciworld", "compat": "agentgym",
-                "tasks": len(self.tasks), "tasks_sha1": tasks_digest(self.tasks)}  # fmt: skip
+        tasks = [f"{name}/{variation}" for name, variation in self.games]
+        super().__init__(env, tasks, session_ttl_s)
 
     def routes(self) -> list[tuple[str, str, Any, str | None]]:
         return [
-            ("/", "GET", self.hello, None),
-            ("/flywheel", "GET", self.info, None),
-            ("/tasks", "GET", lambda: self.tasks, None),
+            *self.common_routes(),
             ("/create", "POST", self.create, None),  # AgentGym's takes no body
             ("/step", "POST", self.step, "body"),
             ("/reset", "POST", self.reset, "body"),
@@ -507,9 +516,6 @@ class AgentGymSciWorldService:
             ("/goals", "GET", self.goals, "query"),
             ("/detail", "GET", self.detail, "query"),
         ]
-
-    def hello(self) -> str:
-        return self.hello_text
 
     def _check_id(self, idx: int, is_reset: bool = False) -> None:  # environment.py, _check_id
         info = self.sessions.info
@@ -561,14 +567,6 @@ class AgentGymSciWorldService:
             }
             self.sessions.info[idx].update(payload)
             return payload
-        except Exception as error:
-            return _agentgym_error(error)
-
-    def _query(self, query: dict, answer) -> Any:
-        idx = validated_id(query)
-        try:
-            self._check_id(idx)
-            return answer(idx)
         except Exception as error:
             return _agentgym_error(error)
 
