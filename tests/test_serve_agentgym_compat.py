@@ -19,6 +19,7 @@ import functools
 import gzip
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,9 @@ from envs import make_env
 from envs.serve import LocalServer, create_app, main
 
 DATA = Path(__file__).parent / "data" / "agentgym"
+# The recorder names AgentGym's session ids; replays name ours with the same function.
+sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
+from record_agentgym import name_sessions  # noqa: E402
 
 
 @functools.cache
@@ -37,26 +41,6 @@ def recording(server: str) -> dict:
 
 def sequence(server: str, name: str) -> list[dict]:
     return recording(server)["sequences"][name]
-
-
-def name_sessions(value, names: dict[int, str]):
-    """`value` with session ids replaced by their names: `id` fields and AgentGym's error texts
-    (as scripts/record_agentgym.py names AgentGym's ids in the recordings)."""
-
-    def walk(v, key=None):
-        if isinstance(v, dict):
-            return {k: walk(x, k) for k, x in v.items()}
-        if isinstance(v, list):
-            return [walk(x) for x in v]
-        if key == "id" and isinstance(v, int) and not isinstance(v, bool) and v in names:
-            return names[v]
-        if isinstance(v, str):
-            for env_id, name in names.items():
-                v = v.replace(f"The id {env_id} is", f"The id {name} is")
-                v = v.replace(f"environment {env_id} has", f"environment {name} has")
-        return v
-
-    return walk(value)
 
 
 class Replay:
