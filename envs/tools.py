@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-import bm25s
 import jsonschema
 
 from envs.sandbox import SandboxLimits, run_python
@@ -119,6 +118,15 @@ class Tool(ABC):
         return truncate(result, self.settings.max_output_chars)
 
 
+def _bm25s():
+    """bm25s, imported when a search index is built: it loads numba's llvmlite, and a process
+    that has llvmlite loaded before vLLM's CPU worker starts breaks the worker's kernel scan
+    (`'_lib_fn_wrapper' object has no attribute 'get'`), so every rollout would fail."""
+    import bm25s
+
+    return bm25s
+
+
 class SearchTool(Tool):
     """BM25 (bm25s, Lucene's scoring) over a fixed list of documents."""
 
@@ -137,16 +145,16 @@ class SearchTool(Tool):
         if not documents:
             raise ValueError("search needs at least one document")
         self.documents, self.k = list(documents), k
-        self.index = bm25s.BM25()
+        self.index = _bm25s().BM25()
         self.index.index(self._tokens(self.documents), show_progress=False)
 
     def _tokens(self, texts: list[str]):
-        return bm25s.tokenize(texts, stopwords="en", show_progress=False)
+        return _bm25s().tokenize(texts, stopwords="en", show_progress=False)
 
     def ranking(self, queries: list[str], k: int) -> list[list[tuple[int, float]]]:
         """Per query, up to `k` (document index, score), best first; documents sharing no
         word with the query are left out."""
-        words = bm25s.tokenize(queries, stopwords="en", show_progress=False, return_ids=False)
+        words = _bm25s().tokenize(queries, stopwords="en", show_progress=False, return_ids=False)
         k = min(k, len(self.documents))
         found, scores = self.index.retrieve(words, k=k, show_progress=False)
         return [

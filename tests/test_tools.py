@@ -257,3 +257,17 @@ def test_python_batch_keeps_order(sandbox_root):
     results = python_tool(sandbox_root).execute_batch(calls)
     assert results[0] == "first" and results[2] == "third"
     assert results[1].startswith("Error: bad arguments for python")
+
+
+def test_the_modules_a_vllm_stage_imports_leave_llvmlite_unloaded():
+    """bm25s loads numba's llvmlite; with llvmlite loaded before it starts, vLLM's CPU worker
+    dies in its kernel scan, so the stages that start vLLM must not import bm25s."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, agents.rollout, envs.qa_env, tasks.evaluate, tasks.explore, tasks.mcts, "
+        "tasks.critique; print(sorted({'llvmlite', 'numba', 'bm25s'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
