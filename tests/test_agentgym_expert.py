@@ -1,0 +1,132 @@
+"""Recipes on AgentGym servers: expert trajectories, task prompts and the oracle of the
+`agentgym-*` environments, against `flywheel serve-env --compat agentgym` (which answers as
+AgentGym's own TextCraft and SciWorld servers do) on loopback."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.rollout import agent_prefix
+from envs import make_env
+from envs.agentgym_expert import (
+    SCIWORLD_PROMPT,
+    TEXTCRAFT_PROMPT,
+    readable_items,
+    textcraft_goal,
+    textcraft_plan,
+)
+from envs.serve import LocalServer
+from flywheel.records import Trajectory
+from flywheel.settings import EnvSettings, ETOConfig
+from flywheel.stage import StageOutput
+from flywheel.storage import ArtifactStore
+from ops.runner import check_task_lists
+from tasks.expert_data import ExpertDataInputs, expert_data_stage
+
+# AgentGym's TextCraft indices: the first and last of its list, and some in between (0 and 12:
+# depth 1, which the project's own TextCraft does not pose; 300, 543: deeper).
+TEXTCRAFT_TASKS = ["0", "12", "300", "543"]
+
+
+@pytest.fixture(scope="module")
+def textcraft_server():
+    server = LocalServer("--env", "textcraft", "--compat", "agentgym")
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def agentgym_textcraft(server, stop: int = 544) -> EnvSettings:
+    return EnvSettings(
+        name="agentgym-textcraft",
+        servers=[server.url],
+        agentgym={"train": (0, stop), "test": (0, 1)},
+    )
+
+
+def replay(env, trajectory: Trajectory) -> list:
+    """The trajectory's actions played again on the server: its results."""
+    episode = env.start(trajectory.task_id)
+    actions = [m.content.rpartition("Action: ")[2] for m in trajectory.continuation]
+    results = [episode.step(action) for action in actions[::2]]  # replies, not observations
+    episode.close()
+    return results
+
+
+def test_expert_stage_on_agentgym_textcraft_reaches_every_goal(textcraft_server, tmp_path):
+    settings = agentgym_textcraft(textcraft_server)
+    env = make_env(settings)
+    prefix = agent_prefix(env, [])
+    store = ArtifactStore(str(tmp_path / "store"))
+    out = StageOutput(store_url=store.root, url=store.url("run/expert"))
+    inputs = ExpertDataInputs(env=settings, task_ids=TEXTCRAFT_TASKS, prefix=prefix)
+    manifest = expert_data_stage.fn(inputs, out)
+    assert manifest.counts == {"trajectories": 4, "unsolved": 0}
+    trajectories = store.read_records(manifest.files["trajectories"], Trajectory)
+    assert [t.task_id for t in trajectories] == TEXTCRAFT_TASKS
+    for trajectory in trajectories:
+        assert trajectory.messages[0].content == TEXTCRAFT_PROMPT  # AgentGym's own prompt
+        assert trajectory.reward == 1.0 and trajectory.success
+        results = replay(env, trajectory)  # the server accepts the actions to the goal
+        assert results[-1].done and results[-1].reward == 1.0
+        assert not any(r.done for r in results[:-1])
+
+
+def test_recipes_start_on_agentgym_textcraft(textcraft_server):
+    check_task_lists(ETOConfig(env=agentgym_textcraft(textcraft_server, stop=3)))
+
+
+def test_the_planner_reads_minecraft_ids_in_task_text():
+    text = (
+        "Crafting commands:\ncraft 4 minecraft:oak_planks using 1 minecraft:oak_log\n"
+        "craft 1 minecraft:crafting_table using 4 minecraft:planks\n\n"
+        "Goal: craft minecraft:crafting_table."
+    )
+    assert readable_items(text).endswith("Goal: craft crafting table.")
+    assert textcraft_goal(text) == "crafting_table"
+    assert [action for _, action in textcraft_plan(text)] == [
+        "get 1 oak log",
+        "craft 4 oak planks using 1 oak log",
+        "craft 1 crafting table using 4 oak planks",
+    ]
+
+
+def test_agentgym_textcraft_oracle_flags_wasted_steps(textcraft_server):
+    env = make_env(agentgym_textcraft(textcraft_server))
+    plan = [action for _, action in env.expert_plan("300")]
+    assert env.mistakes("300", plan) == [False] * len(plan)
+    played = [plan[0], "inventory", "get 1 dirt", None, *plan[1:]]
+    assert env.mistakes("300", played) == [False, True, True, True] + [False] * (len(plan) - 1)
+
+
+@pytest.fixture(scope="module")
+def sciworld_server():
+    server = LocalServer("--env", "scienceworld", "--compat", "agentgym", "--dialect", "sciworld")
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def test_agentgym_sciworld_expert_follows_the_gold_path_of_the_reset_task(sciworld_server):
+    import httpx
+
+    served = httpx.get(f"{sciworld_server.url}/tasks", timeout=30).json()  # compat's own list
+    index = served.index("find-plant/3")
+    settings = EnvSettings(
+        name="agentgym-sciworld",
+        servers=[sciworld_server.url],
+        agentgym={"train": (index, index + 1), "test": (0, 1)},
+    )
+    env = make_env(settings)
+    assert env.system_prompt == SCIWORLD_PROMPT
+    task = str(index)
+    _, reset_answer = env.opening(task)
+    assert (reset_answer["task_name"], reset_answer["var_num"]) == ("find-plant", 3)
+    plan = env.expert_plan(task)
+    episode = env.start(task)
+    results = [episode.step(action) for _, action in plan]
+    episode.close()
+    assert results[-1].done and sum(r.reward for r in results) == 100.0
+    assert env.mistakes(task, [a for _, a in plan]) is None  # no oracle for ScienceWorld
