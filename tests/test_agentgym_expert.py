@@ -4,6 +4,10 @@ AgentGym's own TextCraft and SciWorld servers do) on loopback."""
 
 from __future__ import annotations
 
+import gzip
+import json
+from pathlib import Path
+
 import pytest
 
 from agents.rollout import agent_prefix
@@ -12,6 +16,7 @@ from envs.agentgym_expert import (
     SCIWORLD_PROMPT,
     TEXTCRAFT_PROMPT,
     readable_items,
+    sciworld_plan,
     textcraft_goal,
     textcraft_plan,
 )
@@ -26,6 +31,7 @@ from tasks.expert_data import ExpertDataInputs, expert_data_stage
 # AgentGym's TextCraft indices: the first and last of its list, and some in between (0 and 12:
 # depth 1, which the project's own TextCraft does not pose; 300, 543: deeper).
 TEXTCRAFT_TASKS = ["0", "12", "300", "543"]
+RECORDINGS = Path(__file__).parent / "data" / "agentgym"
 
 
 @pytest.fixture(scope="module")
@@ -100,33 +106,31 @@ def test_agentgym_textcraft_oracle_flags_wasted_steps(textcraft_server):
     assert env.mistakes("300", played) == [False, True, True, True] + [False] * (len(plan) - 1)
 
 
-@pytest.fixture(scope="module")
-def sciworld_server():
-    server = LocalServer("--env", "scienceworld", "--compat", "agentgym", "--dialect", "sciworld")
-    try:
-        yield server
-    finally:
-        server.kill()
+def recorded_sciworld_reset(data_idx: int) -> dict:
+    """AgentGym's real SciWorld server's `/reset` answer for `data_idx` (tests/data/agentgym)."""
+    with gzip.open(RECORDINGS / "sciworld.json.gz", "rt", encoding="utf-8") as file:
+        entries = json.load(file)["sequences"]["answers"]
+    return next(e["body"] for e in entries if e["request"].get("json") == {"data_idx": data_idx})
 
 
-def test_agentgym_sciworld_expert_follows_the_gold_path_of_the_reset_task(sciworld_server):
-    import httpx
+def test_agentgym_sciworld_expert_is_the_gold_path_of_the_task_the_server_reset_to():
+    from envs.scienceworld import ScienceWorldEpisode
 
-    served = httpx.get(f"{sciworld_server.url}/tasks", timeout=30).json()  # compat's own list
-    index = served.index("find-plant/3")
-    settings = EnvSettings(
-        name="agentgym-sciworld",
-        servers=[sciworld_server.url],
-        agentgym={"train": (index, index + 1), "test": (0, 1)},
-    )
-    env = make_env(settings)
-    assert env.system_prompt == SCIWORLD_PROMPT
-    task = str(index)
-    _, reset_answer = env.opening(task)
-    assert (reset_answer["task_name"], reset_answer["var_num"]) == ("find-plant", 3)
-    plan = env.expert_plan(task)
-    episode = env.start(task)
+    answer = recorded_sciworld_reset(4638)
+    assert (answer["task_name"], answer["var_num"]) == ("identify-life-stages-2", 9)
+    plan = sciworld_plan(answer)
+    episode = ScienceWorldEpisode("identify-life-stages-2/9", simplification="")  # AgentGym's
+    assert episode.instruction == f"{answer['task_description']}\n{answer['observation']}"
     results = [episode.step(action) for _, action in plan]
     episode.close()
     assert results[-1].done and sum(r.reward for r in results) == 100.0
-    assert env.mistakes(task, [a for _, a in plan]) is None  # no oracle for ScienceWorld
+    assert sciworld_plan({"task_name": "boil"}) is None  # no variation: no plan
+
+
+def test_agentgym_environments_send_agentgyms_own_prompts():
+    servers = {"servers": ["http://127.0.0.1:9"], "agentgym": {"train": (0, 1)}}
+    textcraft = make_env(EnvSettings(name="agentgym-textcraft", **servers))
+    sciworld = make_env(EnvSettings(name="agentgym-sciworld", **servers))
+    assert textcraft.system_prompt == TEXTCRAFT_PROMPT and sciworld.system_prompt == SCIWORLD_PROMPT
+    assert TEXTCRAFT_PROMPT.startswith("You are given few useful crafting recipes")
+    assert SCIWORLD_PROMPT.endswith("Thought:\nyour thoughts.\n\nAction:\nyour next action")
