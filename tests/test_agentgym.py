@@ -330,7 +330,7 @@ def test_a_run_on_an_agentgym_server_without_expert_is_refused_before_work(serve
         "storage_url": str(tmp_path / "store"),
         "model": {"base": "tiny"},
         "env": {
-            "name": "agentgym-textcraft",
+            "name": "agentgym-webshop",  # no expert for WebShop (TextCraft's: test_agentgym_expert)
             "servers": [server.url],
             "agentgym": {"train": [0, 4], "test": [4, 6]},
         },
@@ -339,7 +339,10 @@ def test_a_run_on_an_agentgym_server_without_expert_is_refused_before_work(serve
         preflight(validate_config(ETOConfig, config))
     # Imported trajectories are an expert too.
     imported = Path(__file__).parent / "samples" / "agenttraj_mixed.json"
-    preflight(validate_config(ETOConfig, {**config, "expert_file": str(imported)}))
+    textcraft = {**config["env"], "name": "agentgym-textcraft"}
+    preflight(
+        validate_config(ETOConfig, {**config, "env": textcraft, "expert_file": str(imported)})
+    )
 
 
 def test_batched_steps_answer_each_entry_and_recover_after_a_restart(textcraft):
