@@ -339,10 +339,7 @@ def test_a_run_on_an_agentgym_server_without_expert_is_refused_before_work(serve
         preflight(validate_config(ETOConfig, config))
     # Imported trajectories are an expert too.
     imported = Path(__file__).parent / "samples" / "agenttraj_mixed.json"
-    textcraft = {**config["env"], "name": "agentgym-textcraft"}
-    preflight(
-        validate_config(ETOConfig, {**config, "env": textcraft, "expert_file": str(imported)})
-    )
+    preflight(validate_config(ETOConfig, {**config, "expert_file": str(imported)}))
 
 
 def test_batched_steps_answer_each_entry_and_recover_after_a_restart(textcraft):
