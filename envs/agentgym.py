@@ -37,6 +37,7 @@ from typing import Any
 
 import httpx
 
+from envs.agentgym_expert import TASK_PROMPTS, sciworld_plan, textcraft_mistakes, textcraft_plan
 from envs.base import Environment, EnvironmentUnavailable, Episode, Split, StepResult
 
 
@@ -280,6 +281,7 @@ class RemoteEpisode(Episode):
     task_id: str
     index: int
     instruction: str = ""
+    reset_answer: Any = None  # the server's first `/reset` answer (SciWorld's names the task)
     recoveries: int = 0  # times this episode, already running, was re-created and replayed
     _failures: int = 0  # failed tries of any request, against ClientSettings.recoveries
     _actions: list[str] = field(default_factory=list)
@@ -343,6 +345,8 @@ class RemoteEpisode(Episode):
         try:
             answer = server.post("/reset", {dialect.reset_index_field: self.index}, env_id)
             self._replay(server, _parsed(server, dialect.first_observation, answer))
+            if self.reset_answer is None:
+                self.reset_answer = answer
         except AgentGymError:
             self.close()  # not recoverable: free the server's session now
             raise
@@ -432,7 +436,9 @@ class AgentGymEnv(Environment):
     """An AgentGym server family as a Flywheel environment; tasks are the servers' indices.
 
     `train` and `test` are index ranges [start, stop) of the server's task list: AgentGym's
-    servers publish no split, so the user names one. There is no expert and no oracle.
+    servers publish no split, so the user names one. The system prompt is AgentGym's client's
+    own task prompt; TextCraft and SciWorld have an expert, TextCraft an oracle
+    (`envs.agentgym_expert`), both read from a task's first answer, kept per task.
     """
 
     step_workers = 64  # steps are HTTP round trips: many can be in flight at once
@@ -450,6 +456,8 @@ class AgentGymEnv(Environment):
         self.reward_range = self.dialect.reward_range
         self.splits = {"train": range(*train), "test": range(*test)}
         self.pool = ServerPool(servers, self.dialect, client or ClientSettings())
+        self.system_prompt = TASK_PROMPTS.get(dialect, Environment.system_prompt)
+        self._openings: dict[str, tuple[str, Any]] = {}  # task id -> (instruction, /reset answer)
 
     def check(self) -> None:
         for server in self.pool.servers:
@@ -461,7 +469,29 @@ class AgentGymEnv(Environment):
     def start(self, task_id: str) -> Episode:
         if not task_id.isdigit():
             raise KeyError(f"{self.name} task ids are server indices, not {task_id!r}")
-        return RemoteEpisode(self.pool, task_id, int(task_id))
+        episode = RemoteEpisode(self.pool, task_id, int(task_id))
+        self._openings.setdefault(task_id, (episode.instruction, episode.reset_answer))
+        return episode
+
+    def opening(self, task_id: str) -> tuple[str, Any]:
+        """A task's first observation and `/reset` answer, from an episode started on a server
+        once (closed again when none has run yet)."""
+        if task_id not in self._openings:
+            self.start(task_id).close()
+        return self._openings[task_id]
+
+    def expert_plan(self, task_id: str) -> list[tuple[str, str]] | None:
+        if self.dialect.name == "textcraft":
+            return textcraft_plan(self.opening(task_id)[0])
+        if self.dialect.name == "sciworld":
+            reset_answer = self.opening(task_id)[1]
+            return sciworld_plan(reset_answer) if isinstance(reset_answer, dict) else None
+        return None
+
+    def mistakes(self, task_id: str, actions: list[str | None]) -> list[bool] | None:
+        if self.dialect.name != "textcraft":
+            return None
+        return textcraft_mistakes(self.opening(task_id)[0], actions)
 
 
 class RemoteEnv(Environment):

@@ -232,21 +232,9 @@ class TextCraftEnv(Environment):
     noop_action = "inventory"
 
     def mistakes(self, task_id: str, actions: list[str | None]) -> list[bool]:
-        """TextCraft's goal never becomes unreachable (`get` is unlimited), so a mistake is a
-        wasted step: one that leaves the inventory as it was (a failed or malformed action, an
-        inventory query) or adds an item the goal's recipes never use (a distractor)."""
-        useful = useful_items(task_id)
-        episode = self.start(task_id)
-        flags = []
-        for action in actions:
-            before = episode.inventory
-            result = episode.step(action) if action is not None else None
-            after = episode.inventory
-            gained = {item for item, n in after.items() if n > before.get(item, 0)}
-            wasted = after == before and not (result and result.done)
-            flags.append(wasted or any(_readable(item) not in useful for item in gained))
-        episode.close()
-        return flags
+        if task_id not in _task_set():
+            raise KeyError(f"unknown textcraft task id {task_id!r}")
+        return wasted_steps(task_id, actions)
 
     def expert_plan(self, task_id: str) -> list[tuple[str, str]]:
         plan = solve(self.start(task_id).instruction, tag_members())
@@ -256,6 +244,31 @@ class TextCraftEnv(Environment):
 @functools.cache
 def _task_set() -> frozenset[str]:
     return frozenset(all_task_ids())
+
+
+def is_item(item: str) -> bool:
+    """Whether `item` (an id without `minecraft:`) is an item some recipe crafts."""
+    return "minecraft:" + item in load_game().crafting_tree.itemid_recipes
+
+
+def wasted_steps(goal: str, actions: list[str | None]) -> list[bool]:
+    """TextCraft's oracle for actions played towards `goal` (an item id without `minecraft:`).
+
+    The goal never becomes unreachable (`get` is unlimited), so a mistake is a wasted step: one
+    that leaves the inventory as it was (a failed or malformed action, an inventory query) or
+    adds an item the goal's recipes never use (a distractor)."""
+    useful = useful_items(goal)
+    episode = TextCraftEpisode(goal, instruction="")
+    flags = []
+    for action in actions:
+        before = episode.inventory
+        result = episode.step(action) if action is not None else None
+        after = episode.inventory
+        gained = {item for item, n in after.items() if n > before.get(item, 0)}
+        wasted = after == before and not (result and result.done)
+        flags.append(wasted or any(_readable(item) not in useful for item in gained))
+    episode.close()
+    return flags
 
 
 def _readable(item_id: str) -> str:

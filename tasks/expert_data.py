@@ -31,6 +31,16 @@ def collect_expert(
     return solved, unsolved
 
 
+def import_summary(expert_file: str, counts: dict[str, int], notes: list[str]) -> str:
+    """What an expert file gave, for the console (the manifest holds the same counts)."""
+    head = (
+        f"expert file {expert_file}: read {counts['imported_read']}, imported "
+        f"{counts['imported']} ({counts['imported_mapped']} with ids mapped), dropped "
+        f"{counts['imported_dropped']}"
+    )
+    return "\n".join([head, *(f"  {note}" for note in notes)])
+
+
 class ExpertDataInputs(BaseModel):
     """The train tasks to collect expert trajectories for, in the agent's chat format."""
 
@@ -51,6 +61,7 @@ def expert_data_stage(inputs: ExpertDataInputs, run: StageRun) -> StageResult:
         counts = imported.counts()
         notes = recording_notes(items, env.name, env.scienceworld.simplification)
         notes += imported.notes()
+        print(import_summary(inputs.expert_file, counts, notes))
     else:
         trajectories, unsolved = collect_expert(make_env(env), task_ids, prefix)
     url = store.write_records(run.file("expert.jsonl"), trajectories)

@@ -330,7 +330,7 @@ def test_a_run_on_an_agentgym_server_without_expert_is_refused_before_work(serve
         "storage_url": str(tmp_path / "store"),
         "model": {"base": "tiny"},
         "env": {
-            "name": "agentgym-textcraft",
+            "name": "agentgym-webshop",  # no expert for WebShop (TextCraft's: test_agentgym_expert)
             "servers": [server.url],
             "agentgym": {"train": [0, 4], "test": [4, 6]},
         },
