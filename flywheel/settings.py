@@ -250,7 +250,7 @@ def accelerate_config_file(name: str) -> str:
 
 
 class TrainerSettings(Strict):
-    """What SFT and DPO share: `batch_size` sequences per optimizer step, split evenly over
+    """What SFT, DPO and RL share: `batch_size` sequences per optimizer step, split evenly over
     `num_processes` training processes."""
 
     batch_size: int
@@ -340,6 +340,52 @@ class DPOSettings(TrainerSettings):
         if "schedule" in entry:
             raise ValueError("a schedule entry cannot hold a schedule")
         return DPOSettings(**{**base, **entry})
+
+
+class RLSettings(TrainerSettings):
+    """Reinforcement learning on sampled trajectories (`training/rl.py`): advantages from one
+    estimator, then `epochs` passes of PPO's clipped surrogate over the batch.
+
+    grpo: group-normalised rewards; dr-grpo: group mean subtracted, not divided by the std;
+    rloo: leave-one-out baseline; reinforce++: KL-penalised token rewards, returns whitened over
+    the batch; ppo: GAE from a value head trained alongside (its weights kept next to the model).
+    """
+
+    estimator: Literal["grpo", "dr-grpo", "rloo", "reinforce++", "ppo"] = "grpo"
+    learning_rate: float = Field(default=1e-6, gt=0)  # Agent-R1's actor learning rate
+    # Passes over the trajectories; the advantages and the old log-probabilities stay fixed.
+    epochs: int = Field(default=1, ge=1)
+    # Trajectories per optimizer step, forwarded one at a time (see SFTSettings.batch_size).
+    batch_size: int = Field(default=8, ge=1)
+    max_length: int = Field(default=2048, ge=64)  # longer trajectories are left out, counted
+    num_processes: int = Field(default=1, ge=1)  # as in SFTSettings
+    frozen_layers: int = Field(default=0, ge=0)  # as in SFTSettings
+    # The ratio is clipped to [1 - clip_low, 1 + clip_high]; clip_high above clip_low is DAPO's
+    # clip-higher.
+    clip_low: float = Field(default=0.2, gt=0)
+    clip_high: float = Field(default=0.2, gt=0)
+    # Weight of KL(policy || starting model): a k3 term in the loss (grpo, dr-grpo, rloo), a
+    # k1 penalty on each token's reward (reinforce++, ppo). 0 skips the reference entirely.
+    kl_beta: float = Field(default=0.001, ge=0)
+    gamma: float = Field(default=1.0, gt=0, le=1)  # discount per generated token (reinforce++, ppo)
+    gae_lambda: float = Field(default=0.95, ge=0, le=1)  # GAE's lambda (ppo)
+    aggregation: Literal["token-mean", "sequence-mean"] = "token-mean"
+    value_clip: float = Field(default=0.2, gt=0)  # ppo: how far a value may move per update
+    value_loss_weight: float = Field(default=0.5, gt=0)  # ppo
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    # The sampling temperature the rollouts used: the log-probabilities compared with the
+    # recorded ones must be of the same (tempered) distribution.
+    temperature: float = Field(default=1.0, gt=0)
+
+    @field_validator("clip_low")
+    @classmethod
+    def _ratio_stays_positive(cls, value: float) -> float:
+        if value >= 1:
+            raise ValueError(
+                f"clip_low={value} clips the ratio at {1 - value:g} or below, which no ratio "
+                "reaches: set it below 1 (0.2 is PPO's)"
+            )
+        return value
 
 
 def round_slice(task_ids: list[str], count: int | None, round_no: int) -> list[str]:

@@ -142,3 +142,59 @@ def dpo_rows(
         counts.rows += 1
         rows.append(row)
     return rows, counts
+
+
+def sampled_message_ids(
+    chat: ChatTokenizer, message: Message, first: bool = False
+) -> tuple[list[int], list[int], list[float | None]]:
+    """One message's ids, its RL loss mask and the sampler's log-probability of each id (None
+    where not recorded).
+
+    Only tokens the policy sampled carry loss: the ids of a generated turn (one with
+    `token_ids`, flagged `loss`) and the first token of its end marker when the model sampled
+    it (`end_generated`). The rest of the marker (ChatML's newline after <|im_end|>), the
+    header, observations, tool results and turns without ids (expert or revised text, which no
+    policy sampled) are context.
+    """
+    if message.role != "assistant" or message.token_ids is None:
+        ids, _ = chat.message_ids(message, first=first)
+        return ids, [0] * len(ids), [None] * len(ids)
+    body = chat.strip_end(message.token_ids)
+    learn = int(message.loss)
+    end = [learn if message.end_generated else 0] + [0] * (len(chat.turn_end_ids) - 1)
+    recorded = message.logprobs if len(message.logprobs or ()) == len(body) else None
+    ids = chat.header_ids + body + chat.turn_end_ids
+    mask = [0] * len(chat.header_ids) + [learn] * len(body) + end
+    # The end token's probability is not recorded (the sampler's log-probabilities stop with the
+    # body): the trainer takes the starting model's for it.
+    logprobs = [None] * len(chat.header_ids) + list(recorded or [None] * len(body))
+    return ids, mask, logprobs + [None] * len(chat.turn_end_ids)
+
+
+def rl_rows(
+    trajectories: list[Trajectory], chat: ChatTokenizer, max_length: int
+) -> tuple[list[dict], RowCounts]:
+    """`input_ids`, `assistant_masks` (1 = a token the policy sampled), `logprobs` (the
+    sampler's, None where not recorded), `reward` and `group_id`, one row per trajectory.
+
+    A row holds the whole chat as it was sampled (worked examples included): the importance
+    ratio compares probabilities in the context the tokens were drawn in, so nothing is cut.
+    A trajectory longer than `max_length` is left out, as is one with nothing sampled in it.
+    """
+    rows, counts = [], RowCounts()
+    for trajectory in trajectories:
+        ids, mask, logprobs = [], [], []
+        for position, message in enumerate(trajectory.messages):
+            chunk = sampled_message_ids(chat, message, first=position == 0)
+            ids, mask, logprobs = ids + chunk[0], mask + chunk[1], logprobs + chunk[2]
+        if len(ids) > max_length:
+            counts.rows_dropped_too_long += 1
+        elif not any(mask):
+            counts.rows_dropped_no_loss += 1
+        else:
+            counts.rows += 1
+            rows.append({
+                "input_ids": ids, "assistant_masks": mask, "logprobs": logprobs,
+                "reward": trajectory.reward, "group_id": trajectory.group_id,
+            })  # fmt: skip
+    return rows, counts

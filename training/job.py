@@ -1,6 +1,6 @@
 """The job file a trainer entry point reads: what to train, on what, into where.
 
-Written by the Prefect task, read by `python -m training.sft|dpo --config job.json` on every
+Written by the Prefect task, read by `python -m training.sft|dpo|rl --config job.json` on every
 process of an `accelerate launch`.
 """
 
@@ -22,6 +22,10 @@ class TrainingJob:
     # Bottom transformer layers (and the embeddings) kept frozen: backward stops above them.
     frozen_layers: int = 0
     trl_args: dict = field(default_factory=dict)  # passed through to trl's SFTConfig / DPOConfig
+    # training.rl's own settings (flywheel.settings.RLSettings as JSON) and seed; the trl
+    # trainers take theirs from `trl_args`.
+    rl: dict | None = None
+    seed: int = 0
 
     def save(self, path: Path) -> Path:
         Path(path).write_text(json.dumps(asdict(self), indent=2))

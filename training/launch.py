@@ -113,10 +113,12 @@ def train_to_store(
     settings,
     trl_args: dict,
     extra_env: dict[str, str] | None = None,
+    job_fields: dict | None = None,
 ) -> dict:
     """Train `model_url` on `data_url` with `module`, put the model folder at `out_url/model`.
 
-    `settings` is the stage's `SFTSettings` / `DPOSettings` (length, processes, frozen layers).
+    `settings` is the stage's `SFTSettings` / `DPOSettings` / `RLSettings` (length, processes,
+    frozen layers); `job_fields` sets more of the `TrainingJob` (RL's settings and seed).
 
     Returns the metrics the trainer printed last. The model is written next to the store's
     files on a local store, and uploaded from a scratch folder otherwise.
@@ -141,6 +143,7 @@ def train_to_store(
             max_length=settings.max_length,
             frozen_layers=settings.frozen_layers,
             trl_args={**trl_args, "output_dir": str(scratch / "work")},
+            **(job_fields or {}),
         )
         metrics_file = scratch / "metrics.json"
         env = {**(extra_env or {}), "FLYWHEEL_METRICS_FILE": str(metrics_file)}
@@ -158,14 +161,23 @@ def train_to_store(
         return json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
 
 
-def trained_model(run, module: str, model_url: str, data_url: str, settings, trl_args: dict):
+def trained_model(
+    run,
+    module: str,
+    model_url: str,
+    data_url: str,
+    settings,
+    trl_args: dict,
+    job_fields: dict | None = None,
+):
     """The body of a training stage (`flywheel.stage.stage`): train into the stage's folder,
     logging into its MLflow run; the model, the log and the trainer's last metrics."""
     from flywheel.stage import StageResult
 
     metrics = train_to_store(
-        run.store, module, model_url, data_url, run.url, settings, trl_args, run.tracking_env()
-    )
+        run.store, module, model_url, data_url, run.url, settings, trl_args, run.tracking_env(),
+        job_fields,
+    )  # fmt: skip
     return StageResult(
         files={"model": run.file("model"), "log": run.file("train.log")},
         metrics={k: float(v) for k, v in metrics.items() if isinstance(v, int | float)},

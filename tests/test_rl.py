@@ -1,0 +1,320 @@
+"""The RL trainer (`training.rl`) and its stage: rows and loss masks from sampled trajectories,
+each estimator wired to its own function, the old and reference log-probabilities, and RL steps
+on the tiny model that move the policy towards the rewarded answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flywheel.records import Message, Trajectory  # noqa: E402
+from flywheel.settings import ConfigError, RLSettings, validate_config  # noqa: E402
+from training import rl  # noqa: E402
+from training.advantages import (  # noqa: E402
+    gae_advantages,
+    grpo_advantages,
+    kl_token_rewards,
+    outcome_token_rewards,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    whiten,
+)
+from training.datasets import rl_rows  # noqa: E402
+from training.job import TrainingJob  # noqa: E402
+
+ESTIMATORS = ("grpo", "dr-grpo", "rloo", "reinforce++", "ppo")
+SYSTEM = Message(role="system", content="Answer the question.")
+QUESTION = Message(role="user", content="Which colour is the sky?")
+
+
+def sampled(chat, text: str, end: bool = True) -> Message:
+    """A reply as the model sampled it; `end`: it sampled the end of its turn too."""
+    ids = chat.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return Message(role="assistant", content=text, loss=True, token_ids=ids, end_generated=end)
+
+
+def episode(messages: list[Message], reward: float = 0.0, group: str | None = "q") -> Trajectory:
+    return Trajectory(task_id="q", env="qa", messages=[SYSTEM, QUESTION, *messages],
+                      episode_start=1, reward=reward, group_id=group)  # fmt: skip
+
+
+# ---- rows and masks -----------------------------------------------------------------------------
+
+
+def test_only_sampled_tokens_carry_loss_and_the_sampler_logprobs_line_up(chat):
+    search = sampled(chat, "<search>sky colour</search>")
+    search.logprobs = [-0.1 * (i + 1) for i in range(len(search.token_ids))]
+    result = Message(role="user", content="<result>The sky is blue.</result>")
+    answer = sampled(chat, "<answer>blue</answer>", end=False)  # stopped on a stop string
+    (row,), counts = rl_rows([episode([search, result, answer], reward=1.0)], chat, 512)
+
+    prompt, _ = chat.encode([SYSTEM, QUESTION])
+    header, end = chat.header_ids, chat.turn_end_ids
+    tool_ids, _ = chat.message_ids(result)
+    first = header + search.token_ids + end
+    assert end == [chat.tokenizer.convert_tokens_to_ids("<|im_end|>"), 198]  # <|im_end|> "\n"
+    assert row["input_ids"] == prompt + first + tool_ids + header + answer.token_ids + end
+    ones = [1] * len(search.token_ids)
+    expected_mask = (
+        [0] * len(prompt)
+        + [0] * len(header) + ones + [1, 0]  # the sampled <|im_end|>; the template's newline not
+        + [0] * len(tool_ids)  # the tool's result
+        + [0] * len(header) + [1] * len(answer.token_ids) + [0, 0]  # its end was not sampled
+    )  # fmt: skip
+    assert row["assistant_masks"] == expected_mask
+    start = len(prompt) + len(header)
+    tool = slice(len(prompt) + len(first), len(prompt) + len(first) + len(tool_ids))
+    assert not any(row["assistant_masks"][tool])
+    assert row["logprobs"][start : start + len(ones)] == search.logprobs
+    assert [p for p in row["logprobs"] if p is not None] == search.logprobs  # nothing else
+    assert (row["reward"], row["group_id"]) == (1.0, "q")
+    assert counts.rows == 1
+
+
+def test_worked_examples_are_context_and_unsampled_or_overlong_rows_are_left_out(chat):
+    example = Message(role="assistant", content="<answer>green</answer>", loss=True)  # no ids
+    with_example = Trajectory(
+        task_id="q", env="qa", episode_start=3, reward=1.0, group_id="q",
+        messages=[SYSTEM, Message(role="user", content="Example?"), example, QUESTION,
+                  sampled(chat, "<answer>blue</answer>")],
+    )  # fmt: skip
+    expert_only = episode([example])  # text no policy sampled: nothing to learn from
+    unlearned = sampled(chat, "<answer>red</answer>")
+    unlearned.loss = False
+    too_long = episode([sampled(chat, "blue " * 300)])
+    rows, counts = rl_rows([with_example, expert_only, episode([unlearned]), too_long], chat, 256)
+    (row,) = rows
+    ids, _ = chat.encode(with_example.messages[:4])
+    assert row["input_ids"][: len(ids)] == ids  # the chat as sampled, the example included
+    assert not any(row["assistant_masks"][: len(ids)])
+    assert (counts.rows, counts.rows_dropped_no_loss, counts.rows_dropped_too_long) == (1, 2, 1)
+
+
+def test_old_logprobs_are_the_samplers_where_recorded_else_the_starting_models(chat):
+    reply = sampled(chat, "<answer>blue</answer>")
+    reply.logprobs = [-0.25] * len(reply.token_ids)
+    rows = rl.as_tensors(rl_rows([episode([reply])], chat, 512)[0])
+    rows.start_logp = torch.full(rows.mask.shape, -3.0)
+    sampled_ids = rows.mask.nonzero()[:, 1].tolist()
+    body, end = sampled_ids[:-1], sampled_ids[-1]
+    assert len(body) == len(reply.token_ids)
+    assert rows.old_logp[0, body].tolist() == [-0.25] * len(body)
+    assert rows.old_logp[0, end] == -3.0  # the end token's is not recorded
+    # Shifted by one: position t predicts token t+1, the end token <|im_end|>.
+    full, _ = chat.encode(episode([reply]).messages)
+    assert full[end + 1] == chat.turn_end_ids[0]
+
+
+# ---- estimators ---------------------------------------------------------------------------------
+
+
+def hand_rows() -> rl.Rows:
+    """Two groups: rewards 1, 1, 0, 0 for one prompt, 1, 0 for another; 5 token positions."""
+    generator = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[0, 1, 1, 1, 0]] * 4 + [[0, 0, 1, 1, 1]] * 2).bool()
+    rows = rl.Rows(
+        input_ids=[torch.arange(6)] * 6,
+        mask=mask,
+        recorded_logp=torch.full(mask.shape, float("nan")),
+        rewards=torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0]),
+        groups=torch.tensor([0, 0, 0, 0, 1, 1]),
+        start_logp=-torch.rand(mask.shape, generator=generator),
+        start_values=torch.rand(mask.shape, generator=generator),
+    )
+    rows.recorded_logp[:, 2] = -0.5
+    return rows
+
+
+SETTINGS = dict(kl_beta=0.3, gamma=0.9, gae_lambda=0.8)
+
+
+@pytest.mark.parametrize(
+    "estimator, first_group",
+    [
+        ("grpo", [0.866, 0.866, -0.866, -0.866]),  # (r - 0.5) / sqrt(1/3), std unbiased
+        ("dr-grpo", [0.5, 0.5, -0.5, -0.5]),  # r - 0.5
+        ("rloo", [2 / 3, 2 / 3, -2 / 3, -2 / 3]),  # r - mean of the other three
+    ],
+)
+def test_group_estimators_give_the_hand_computed_advantages(estimator, first_group):
+    rows = hand_rows()
+    advantages, returns = rl.estimate_advantages(RLSettings(estimator=estimator), rows)
+    assert returns is None
+    assert advantages[:4, 1].tolist() == pytest.approx(first_group, abs=1e-3)
+    assert (advantages[~rows.mask] == 0).all()
+    assert (advantages[:4, 1:4] == advantages[:4, 1:2]).all()  # one value per sequence
+
+
+def test_reinforce_pp_and_ppo_take_their_own_settings_and_the_reference():
+    rows = hand_rows()
+    settings = RLSettings(estimator="reinforce++", **SETTINGS)
+    advantages, returns = rl.estimate_advantages(settings, rows)
+    expected = reinforce_pp_advantages(rows.rewards, rows.old_logp, rows.start_logp, rows.mask,
+                                       beta=0.3, gamma=0.9)  # fmt: skip
+    assert returns is None and torch.allclose(advantages, expected)
+
+    advantages, returns = rl.estimate_advantages(RLSettings(estimator="ppo", **SETTINGS), rows)
+    token_rewards = outcome_token_rewards(rows.rewards, rows.mask)
+    token_rewards += kl_token_rewards(rows.old_logp, rows.start_logp, rows.mask, 0.3)
+    gae, want_returns = gae_advantages(token_rewards, rows.start_values, rows.mask, 0.9, 0.8)
+    assert torch.allclose(advantages, whiten(gae, rows.mask))
+    assert torch.allclose(returns, want_returns)
+
+
+def test_every_estimator_gives_different_advantages():
+    """So an estimator wired to another's function shows."""
+    rows = hand_rows()
+    results = {e: rl.estimate_advantages(RLSettings(estimator=e, **SETTINGS), rows)[0]
+               for e in ESTIMATORS}  # fmt: skip
+    for a in ESTIMATORS:
+        for b in ESTIMATORS:
+            assert a == b or not torch.allclose(results[a], results[b]), (a, b)
+    assert torch.allclose(results["grpo"], grpo_advantages(rows.rewards, rows.groups, rows.mask))
+    assert torch.allclose(results["rloo"], rloo_advantages(rows.rewards, rows.groups, rows.mask))
+
+
+def test_aggregations_weigh_tokens_or_sequences():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]]).bool()
+    assert rl.sequence_weights(mask, "token-mean").tolist() == [0.75, 0.25]
+    assert rl.sequence_weights(mask, "sequence-mean").tolist() == [0.5, 0.5]
+
+
+def test_optimizer_batches_cover_each_row_at_most_once_and_split_over_processes():
+    batches = rl.optimizer_batches(11, batch_size=4, processes=2, seed=3)
+    assert [len(b) for b in batches] == [4, 4, 2]  # the 11th row waits for another shuffle
+    assert len({i for b in batches for i in b}) == 10
+    assert rl.optimizer_batches(11, 4, 2, seed=3) == batches  # the same on every process
+    assert rl.optimizer_batches(11, 4, 2, seed=4) != batches
+
+
+# ---- settings -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"estimator": "ppo2"}, "rl.estimator: Input should be 'grpo', 'dr-grpo', 'rloo'"),
+        ({"clip_low": 1.0}, "rl.clip_low: Value error, clip_low=1.0 clips the ratio at 0"),
+        ({"aggregation": "sum"}, "rl.aggregation: Input should be 'token-mean' or"),
+        ({"batch_size": 3, "num_processes": 2}, "must be a multiple of num_processes=2"),
+    ],
+)
+def test_bad_rl_settings_say_what_to_fix(section, message):
+    from pydantic import BaseModel
+
+    class WithRL(BaseModel):
+        rl: RLSettings
+
+    with pytest.raises(ConfigError, match="invalid config") as error:
+        validate_config(WithRL, {"rl": section})
+    assert message in str(error.value)
+
+
+# ---- training on the tiny model -----------------------------------------------------------------
+
+
+def colour_group(chat) -> list[Trajectory]:
+    """One question, four samples: "blue" rewarded twice, "red" not. The replies share no
+    token but the end of the turn: a shared prefix would be pushed both ways."""
+    return [episode([sampled(chat, c)], reward=float(c == "blue"))
+            for c in ("blue", "red", "blue", "red")]  # fmt: skip
+
+
+def answer_logprobs(model_dir, chat) -> list[float]:
+    """The model's log-probability of the blue and of the red reply (its sampled tokens)."""
+    from transformers import AutoModelForCausalLM
+
+    policy = rl.Policy(AutoModelForCausalLM.from_pretrained(model_dir), None)
+    rows = rl.as_tensors(rl_rows(colour_group(chat)[:2], chat, 512)[0])
+    with torch.no_grad():
+        return [float(policy(ids[None])[0][0][rows.mask[i]].sum())
+                for i, ids in enumerate(rows.input_ids)]  # fmt: skip
+
+
+def write_trajectories(path, trajectories) -> str:
+    path.write_text("".join(t.model_dump_json() + "\n" for t in trajectories))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def starting_logprobs(tiny_model_dir, chat):
+    return answer_logprobs(tiny_model_dir, chat)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_an_rl_step_moves_the_policy_towards_the_rewarded_answer(
+    estimator, tmp_path, tiny_model_dir, chat, starting_logprobs
+):
+    settings = RLSettings(estimator=estimator, learning_rate=1e-3, epochs=2, batch_size=4)
+    job = TrainingJob(
+        model_dir=str(tiny_model_dir), output_dir=str(tmp_path / "model"), max_length=512,
+        data_file=write_trajectories(tmp_path / "group.jsonl", colour_group(chat)),
+        rl=settings.model_dump(mode="json"), seed=0,
+    )  # fmt: skip
+    metrics = rl.train(job)
+
+    blue_before, red_before = starting_logprobs
+    blue_after, red_after = answer_logprobs(job.output_dir, chat)
+    assert blue_after > blue_before + 0.1
+    assert red_after < red_before - 0.1
+    assert metrics["optimizer_steps"] == 2 and metrics["processes"] == 1
+    assert metrics["groups"] == 1 and metrics["groups_zero_reward_variance"] == 0
+    assert metrics["loss_tokens_trained"] == 2 * metrics["loss_tokens_per_epoch"] > 0
+    assert metrics["kl"] > 0 and 0 <= metrics["clip_fraction"] <= 1
+    assert metrics["mean_advantage"] == pytest.approx(0, abs=1e-5)
+    assert (tmp_path / "model" / "value_head.safetensors").exists() == (estimator == "ppo")
+
+
+def test_a_group_with_equal_rewards_teaches_grpo_nothing(tmp_path, tiny_model_dir, chat):
+    group = colour_group(chat)
+    for trajectory in group:
+        trajectory.reward = 1.0
+    settings = RLSettings(estimator="grpo", learning_rate=1e-3, kl_beta=0.0, batch_size=4)
+    job = TrainingJob(str(tiny_model_dir), write_trajectories(tmp_path / "g.jsonl", group),
+                      str(tmp_path / "model"), max_length=512, rl=settings.model_dump())  # fmt: skip
+    metrics = rl.train(job)
+    assert metrics["groups_zero_reward_variance"] == 1
+    assert metrics["mean_advantage"] == 0 and metrics["loss"] == 0
+
+
+def test_main_reads_the_job_file_and_refuses_data_without_sampled_tokens(
+    tmp_path, monkeypatch, tiny_model_dir
+):
+    expert = episode([Message(role="assistant", content="<answer>blue</answer>", loss=True)])
+    data = write_trajectories(tmp_path / "t.jsonl", [expert])
+    job = TrainingJob(str(tiny_model_dir), data, str(tmp_path))
+    seen = []
+    monkeypatch.setattr(rl, "train", lambda j: seen.append(j) or {"loss": 0.5})
+    target = tmp_path / "metrics.json"
+    monkeypatch.setenv("FLYWHEEL_METRICS_FILE", str(target))
+    rl.main(["--config", str(job.save(tmp_path / "job.json"))])
+    assert seen == [job] and json.loads(target.read_text()) == {"loss": 0.5}
+
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="no trajectory has sampled tokens to learn from"):
+        rl.train(TrainingJob(job.model_dir, job.data_file, job.output_dir, rl={}))
+
+
+def test_the_stage_trains_in_its_own_process(tmp_path, tiny_model_dir, chat):
+    from safetensors.torch import load_file
+
+    from flywheel.stage import StageOutput
+    from flywheel.storage import ArtifactStore
+    from tasks.rl import RLInputs, rl_stage
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    data = store.write_records(store.url("rollouts.jsonl"), colour_group(chat))
+    settings = RLSettings(estimator="rloo", learning_rate=1e-3, batch_size=2, max_length=512)
+    inputs = RLInputs(model_url=f"file://{tiny_model_dir}", data_url=data, settings=settings,
+                      seed=0)  # fmt: skip
+    result = rl_stage.fn(inputs, StageOutput(store_url=store.root, url=store.url("rl")))
+
+    assert result.metrics["optimizer_steps"] == 2 and result.metrics["rows"] == 4
+    model = store.local_dir(result.files["model"])
+    start = load_file(tiny_model_dir / "model.safetensors")
+    trained = load_file(model / "model.safetensors")
+    assert max((trained[k] - start[k]).abs().max().item() for k in start) > 1e-4
+    assert "optimizer_steps" in store.read_text(result.files["log"])

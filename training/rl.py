@@ -1,0 +1,358 @@
+"""Reinforcement learning on sampled trajectories: GRPO, Dr. GRPO, RLOO, REINFORCE++ or PPO.
+
+Reads `Trajectory` records (JSON lines) sampled beforehand (group ids, rewards, generated token
+ids and, where the sampler returned them, log-probabilities), builds one row per trajectory with
+loss on the sampled tokens only (`training.datasets.rl_rows`), computes advantages once with the
+chosen estimator (`training.advantages`), then runs `epochs` passes of PPO's clipped surrogate,
+with a k3 KL term to the starting model in the loss (grpo, dr-grpo, rloo) or a k1 penalty in the
+token rewards (reinforce++, ppo), and a clipped value loss for PPO's value head.
+
+Before the first update one forward pass of the starting model gives, per token, the reference
+log-probabilities (for the KL), the old log-probabilities where the sampler recorded none (the
+end-of-turn token always; whole turns from backends without log-probabilities) and, for PPO, the
+old values.
+
+Our own loop, not trl's GRPOTrainer: the GRPOTrainer generates its own completions in its
+training step (its `rollout_func` still hands generation to the trainer, one prompt and
+completion per sample) and recomputes the old log-probabilities itself, while these
+trajectories are already sampled, multi-turn, with tool output between the turns and the
+sampler's log-probabilities on record; and trl has no REINFORCE++ or PPO with GAE for such data.
+The loop is small: one sequence per forward (no padding, as the SFT and DPO trainers run on a
+CPU), gradients accumulated over `batch_size` sequences, AdamW at a constant learning rate.
+
+Run alone (`python -m training.rl --config job.json`) or under `accelerate launch` / torchrun
+(DDP): every process computes the starting pass and advantages for all rows (cheap next to
+training, and REINFORCE++ and PPO whiten over the whole batch), then trains on its share of each
+optimizer batch. The model folder is written like the trl trainers' (rank 0), PPO's value head
+next to it (`value_head.safetensors`), picked up again when the next stage starts from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from transformers import AutoTokenizer
+
+from flywheel.chat import ChatTokenizer
+from flywheel.records import Trajectory
+from flywheel.settings import RLSettings
+from training.advantages import (
+    aggregate,
+    clipped_policy_loss,
+    clipped_value_loss,
+    gae_advantages,
+    group_index,
+    grpo_advantages,
+    kl_k3,
+    kl_token_rewards,
+    outcome_token_rewards,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    whiten,
+)
+from training.datasets import rl_rows, token_counts
+from training.job import TrainingJob, load_model, parse_job, report_metrics
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+KL_IN_REWARD = ("reinforce++", "ppo")  # the other estimators put the KL in the loss
+
+
+class Policy(nn.Module):
+    """The language model, and PPO's value head: a linear layer on its last hidden state."""
+
+    def __init__(self, model, value_head: nn.Linear | None, temperature: float = 1.0):
+        super().__init__()
+        self.model, self.value_head, self.temperature = model, value_head, temperature
+
+    def forward(self, input_ids: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Log-probability of each next token (B, L-1) under the sampling temperature, and the
+        value of the state before it (None without a value head)."""
+        out = self.model(input_ids=input_ids, output_hidden_states=self.value_head is not None)
+        logits = out.logits[:, :-1].float() / self.temperature
+        targets = input_ids[:, 1:, None]
+        logp = logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(-1)
+        if self.value_head is None:
+            return logp, None
+        # Detached: the value loss trains the head alone and never pulls the policy's weights
+        # (Agent-R1 trains a separate critic model; a second model is too much on a CPU).
+        states = out.hidden_states[-1][:, :-1].detach().float()
+        return logp, self.value_head(states).squeeze(-1)
+
+
+def value_head_for(model, model_dir: str) -> nn.Linear:
+    """The value head saved with the model, or a new one valuing every state 0."""
+    head = nn.Linear(model.config.hidden_size, 1)
+    saved = Path(model_dir) / VALUE_HEAD_FILE
+    if saved.is_file():
+        head.load_state_dict(load_file(saved))
+    else:
+        nn.init.zeros_(head.weight)
+        nn.init.zeros_(head.bias)
+    return head
+
+
+@dataclass
+class Rows:
+    """All rows, right-padded to one length, each position a predicted (next) token."""
+
+    input_ids: list[Tensor]  # (L,) each, unpadded
+    mask: Tensor  # (B, T) bool: the policy sampled this token
+    recorded_logp: Tensor  # (B, T) the sampler's log-probability, nan where not recorded
+    rewards: Tensor  # (B,)
+    groups: Tensor  # (B,) group index
+    start_logp: Tensor | None = None  # (B, T) under the starting model
+    start_values: Tensor | None = None  # (B, T) PPO's value head before training
+
+    @property
+    def old_logp(self) -> Tensor:
+        """The behaviour policy's log-probabilities: recorded where the sampler gave them, the
+        starting model's elsewhere."""
+        return torch.where(self.recorded_logp.isnan(), self.start_logp, self.recorded_logp)
+
+
+def padded(values: list[list], fill) -> Tensor:
+    width = max(len(v) for v in values)
+    return torch.tensor([list(v) + [fill] * (width - len(v)) for v in values])
+
+
+def as_tensors(rows: list[dict]) -> Rows:
+    """Rows shifted by one: position t holds token t+1, the one predicted there."""
+    logprobs = [[float("nan") if p is None else p for p in r["logprobs"][1:]] for r in rows]
+    return Rows(
+        input_ids=[torch.tensor(r["input_ids"]) for r in rows],
+        mask=padded([r["assistant_masks"][1:] for r in rows], 0).bool(),
+        recorded_logp=padded(logprobs, float("nan")).float(),
+        rewards=torch.tensor([float(r["reward"]) for r in rows]),
+        groups=group_index([r["group_id"] for r in rows]),
+    )
+
+
+@torch.no_grad()
+def starting_pass(policy: Policy, rows: Rows, device) -> None:
+    """The starting model's log-probabilities (and values) of every row, once."""
+    policy.eval()
+    width = rows.mask.shape[1]
+    logps, values = [], []
+    for ids in rows.input_ids:
+        logp, value = policy(ids[None].to(device))
+        logps.append(nn.functional.pad(logp[0].cpu(), (0, width - logp.shape[1])))
+        if value is not None:
+            values.append(nn.functional.pad(value[0].cpu(), (0, width - value.shape[1])))
+    rows.start_logp = torch.stack(logps)
+    rows.start_values = torch.stack(values) if values else None
+    policy.train()
+
+
+def estimate_advantages(settings: RLSettings, rows: Rows) -> tuple[Tensor, Tensor | None]:
+    """Per-token advantages (B, T) of the chosen estimator, and PPO's value targets."""
+    mask, estimator = rows.mask, settings.estimator
+    if estimator in ("grpo", "dr-grpo"):
+        scale = estimator == "grpo"  # Dr. GRPO drops the division by the group's std
+        return grpo_advantages(rows.rewards, rows.groups, mask, scale_by_std=scale), None
+    if estimator == "rloo":
+        return rloo_advantages(rows.rewards, rows.groups, mask), None
+    if estimator == "reinforce++":
+        advantages = reinforce_pp_advantages(
+            rows.rewards, rows.old_logp, rows.start_logp, mask, settings.kl_beta, settings.gamma
+        )
+        return advantages, None
+    if estimator == "ppo":
+        token_rewards = outcome_token_rewards(rows.rewards, mask) + kl_token_rewards(
+            rows.old_logp, rows.start_logp, mask, settings.kl_beta
+        )
+        advantages, returns = gae_advantages(
+            token_rewards, rows.start_values, mask, settings.gamma, settings.gae_lambda
+        )
+        return whiten(advantages, mask), returns  # whitened over the batch, as verl's PPO does
+    raise ValueError(f"unknown estimator {estimator!r}")
+
+
+def sequence_weights(mask: Tensor, aggregation: str) -> Tensor:
+    """Each sequence's share of a batch's loss, its own loss being the mean over its tokens:
+    token-mean weighs a sequence by its loss tokens, sequence-mean weighs each the same."""
+    counts = mask.sum(dim=1).float()
+    if aggregation == "token-mean":
+        return counts / counts.sum().clamp(min=1)
+    if aggregation == "sequence-mean":
+        return (counts > 0).float() / (counts > 0).sum().clamp(min=1)
+    raise ValueError(f"unknown aggregation {aggregation!r}")
+
+
+@dataclass
+class Sums:
+    """Token sums over the loss tokens trained, for the reported means."""
+
+    loss: float = 0.0  # sum of per-sequence losses times their weight: per optimizer step
+    steps: int = 0
+    tokens: int = 0
+    kl: float = 0.0
+    clipped: float = 0.0
+
+
+def sequence_loss(
+    policy, settings: RLSettings, rows: Rows, index: int, advantages, returns, sums: Sums
+) -> Tensor:
+    """One sequence's loss: the mean over its loss tokens of the clipped surrogate, plus the KL
+    term or PPO's value loss; `sums` collects its statistics."""
+    device = next(iter(policy.parameters())).device
+    logp, values = policy(rows.input_ids[index][None].to(device))
+
+    def row(tensor: Tensor) -> Tensor:  # this sequence's positions, unpadded, by the model
+        return tensor[index, : logp.shape[1]][None].to(device)
+
+    mask, old_logp, advantage = row(rows.mask), row(rows.old_logp), row(advantages)
+    low, high = settings.clip_low, settings.clip_high
+    loss = clipped_policy_loss(logp, old_logp, advantage, mask, low, high, "token-mean")
+    kl = kl_k3(logp, row(rows.start_logp), mask)
+    if settings.kl_beta and settings.estimator not in KL_IN_REWARD:
+        loss = loss + settings.kl_beta * aggregate(kl, mask, "token-mean")
+    if values is not None:
+        old_values, target = row(rows.start_values), row(returns)
+        value_loss = clipped_value_loss(values, old_values, target, mask, settings.value_clip)
+        loss = loss + settings.value_loss_weight * value_loss
+    with torch.no_grad():
+        ratio = torch.exp(torch.where(mask, logp - old_logp, 0.0))
+        # Where the clipped branch of the minimum is taken: the token's gradient is cut off.
+        clipped = (ratio < 1 - low) & (advantage < 0) | (ratio > 1 + high) & (advantage > 0)
+        sums.tokens += int(mask.sum())
+        sums.kl += float(kl.sum())
+        sums.clipped += float((clipped & mask).sum())
+    return loss
+
+
+def optimizer_batches(count: int, batch_size: int, processes: int, seed: int) -> list[list[int]]:
+    """Row indices of each optimizer step of one epoch, shuffled; every batch a multiple of
+    `processes` long (a DDP step needs a sequence on every process), the rest left for the next
+    epoch's shuffle."""
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    batches = [order[i : i + batch_size] for i in range(0, count, batch_size)]
+    batches = [b[: len(b) - len(b) % processes] for b in batches]
+    return [b for b in batches if b]
+
+
+def optimise(policy, optimizer, accelerator, settings, rows, advantages, returns, seed) -> Sums:
+    """`settings.epochs` passes over the rows; the statistics summed over all processes."""
+    sums = Sums()
+    rank, processes = accelerator.process_index, accelerator.num_processes
+    for epoch in range(settings.epochs):
+        for batch in optimizer_batches(
+            len(rows.input_ids), settings.batch_size, processes, seed + epoch
+        ):
+            weights = sequence_weights(rows.mask[batch], settings.aggregation)
+            share = list(range(rank, len(batch), processes))
+            for step, position in enumerate(share):
+                last = step == len(share) - 1
+                # DDP averages gradients over processes; the weights already sum the batch.
+                with contextlib.nullcontext() if last else accelerator.no_sync(policy):
+                    with accelerator.autocast():
+                        loss = sequence_loss(
+                            policy, settings, rows, batch[position], advantages, returns, sums
+                        )
+                    weighted = loss * weights[position] * processes
+                    accelerator.backward(weighted)
+                sums.loss += float(loss.detach() * weights[position])
+            accelerator.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad()
+            sums.steps += 1
+    return summed_over_processes(sums, accelerator)
+
+
+def summed_over_processes(sums: Sums, accelerator) -> Sums:
+    local = torch.tensor([sums.loss, sums.tokens, sums.kl, sums.clipped], dtype=torch.float64)
+    total = accelerator.reduce(local.to(accelerator.device), reduction="sum").cpu().tolist()
+    return Sums(
+        loss=total[0], steps=sums.steps, tokens=int(total[1]), kl=total[2], clipped=total[3]
+    )
+
+
+def group_stats(rows: Rows) -> dict[str, int]:
+    groups = rows.groups.unique()
+    flat = sum(
+        int(rows.rewards[rows.groups == g].max() == rows.rewards[rows.groups == g].min())
+        for g in groups
+    )
+    return {"groups": len(groups), "groups_zero_reward_variance": flat}
+
+
+def save_policy(policy: Policy, tokenizer, output_dir: str) -> None:
+    policy.model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    if policy.value_head is not None:
+        head = {k: v.detach().cpu().contiguous() for k, v in policy.value_head.state_dict().items()}
+        save_file(head, str(Path(output_dir) / VALUE_HEAD_FILE))
+
+
+def read_trajectories(path: str) -> list[Trajectory]:
+    with open(path) as f:
+        return [Trajectory.model_validate_json(line) for line in f if line.strip()]
+
+
+def train(job: TrainingJob) -> dict:
+    settings = RLSettings.model_validate(job.rl or {})
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    torch.manual_seed(job.seed)
+    tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
+    found, counts = rl_rows(
+        read_trajectories(job.data_file), ChatTokenizer(tokenizer), job.max_length
+    )
+    if not found:
+        raise ValueError(
+            f"{job.data_file}: no trajectory has sampled tokens to learn from within "
+            f"max_length={job.max_length} ({counts})"
+        )
+    model = load_model(job)
+    head = value_head_for(model, job.model_dir) if settings.estimator == "ppo" else None
+    policy = Policy(model, head, settings.temperature).to(accelerator.device)
+    rows = as_tensors(found)
+    starting_pass(policy, rows, accelerator.device)
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate, weight_decay=0.0)
+    wrapped, optimizer = accelerator.prepare(policy, optimizer)
+    advantages, returns = estimate_advantages(settings, rows)
+    sums = optimise(wrapped, optimizer, accelerator, settings, rows, advantages, returns, job.seed)
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        return {}
+    save_policy(accelerator.unwrap_model(wrapped), tokenizer, job.output_dir)
+    return metrics(rows, advantages, sums, counts, found, accelerator.num_processes)
+
+
+def metrics(rows: Rows, advantages, sums: Sums, counts, found: list[dict], processes: int) -> dict:
+    """Training statistics (means over the loss tokens trained) and the data's."""
+    mask = rows.mask
+    mismatch = (rows.recorded_logp - rows.start_logp).abs()
+    recorded = mask & ~rows.recorded_logp.isnan()
+    tokens = max(sums.tokens, 1)
+    return {
+        "loss": sums.loss / max(sums.steps, 1),
+        "kl": sums.kl / tokens,
+        "clip_fraction": sums.clipped / tokens,
+        "mean_advantage": float(advantages[mask].mean()),
+        "loss_tokens_trained": sums.tokens,
+        "optimizer_steps": sums.steps,
+        "processes": processes,
+        "reward_mean": float(rows.rewards.mean()),
+        # How far the sampler's log-probabilities are from the trainer's for the same model.
+        "sampler_logprob_gap": float(mismatch[recorded].mean()) if recorded.any() else 0.0,
+        **group_stats(rows),
+        **counts.as_metrics(),
+        **token_counts(found),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    report_metrics(train(parse_job(__doc__.splitlines()[0], argv)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
