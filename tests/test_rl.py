@@ -25,6 +25,9 @@ from training.advantages import (  # noqa: E402
 from training.datasets import rl_rows  # noqa: E402
 from training.job import TrainingJob  # noqa: E402
 
+# A stalled forward (seen once on an overloaded machine) fails the test instead of holding CI.
+pytestmark = pytest.mark.timeout(600)
+
 ESTIMATORS = ("grpo", "dr-grpo", "rloo", "reinforce++", "ppo")
 SYSTEM = Message(role="system", content="Answer the question.")
 QUESTION = Message(role="user", content="Which colour is the sky?")
