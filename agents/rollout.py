@@ -228,18 +228,23 @@ def _to_trajectory(env: Environment, state: _Live, episode_start: int, grouped: 
     messages = state.messages
     if messages[-1].role == "user" and len(messages) > episode_start + 1:
         messages = messages[:-1]  # a trailing observation nobody answered
+    episode = state.episode
+    solved = episode.solved() if episode else None
+    if solved is None:
+        solved = env.normalise(state.reward) >= 1.0
     return Trajectory(
         task_id=state.task_id,
         env=env.name,
         messages=messages,
         episode_start=episode_start,
         reward=state.reward,
-        success=state.finish_reason == "done" and env.normalise(state.reward) >= 1.0,
+        success=state.finish_reason == "done" and solved,
         n_steps=state.steps,
         source="policy",
         finish_reason=state.finish_reason,
         recoveries=getattr(state.episode, "recoveries", 0),
         group_id=state.task_id if grouped else None,
+        metrics=episode.metrics() if episode else {},
     )
 
 
@@ -319,6 +324,7 @@ def rollout_to_store(
     max_steps: int,
     sampling: SamplingSettings,
     trajectories_url: str,
+    samples_per_task: int = 1,
 ) -> StageResult:
     """Roll the model out on `task_ids`, store the trajectories, and return their statistics
     (the evaluate and explore stages publish them)."""
@@ -333,7 +339,9 @@ def rollout_to_store(
     env.check()
     backend = open_backend(inference, model_dir, chat.tokenizer)
     started = time.perf_counter()
-    trajectories = run_batched(env, task_ids, backend, chat, prefix, settings)
+    trajectories = run_batched(
+        env, task_ids, backend, chat, prefix, settings, samples_per_task=samples_per_task
+    )
     seconds = time.perf_counter() - started
     url = store.write_records(trajectories_url, trajectories)
     raise_if_lost(trajectories, url)
@@ -341,7 +349,8 @@ def rollout_to_store(
     if endings["retried"]:
         print(f"{stage}: {endings['retried']} episodes moved to another environment server")
     stats = EpisodeStats.of(trajectories)
-    generated = sum(len(m.token_ids or ()) for t in trajectories for m in t.messages)
+    generated = sum(generated_tokens(t) for t in trajectories)
+    groups = reward_groups(trajectories)
     return StageResult(
         files={"trajectories": url},
         counts={"episodes": stats.episodes, "successes": stats.successes, **endings},
@@ -349,10 +358,42 @@ def rollout_to_store(
             "success_rate": stats.success_rate,
             "average_reward": stats.average_reward,
             "average_steps": stats.average_steps,
+            "generated_tokens_per_episode": generated / len(trajectories) if trajectories else 0,
+            **episode_metric_means(trajectories),
+            **({"zero_variance_groups": zero_variance_share(groups)} if groups else {}),
             "seconds": seconds,
             "generated_tokens_per_s": generated / seconds if seconds else 0.0,
         },
     )
+
+
+def generated_tokens(trajectory: Trajectory) -> int:
+    """Tokens the model sampled in the episode (its replies' ids as generated)."""
+    return sum(len(m.token_ids or ()) for m in trajectory.messages)
+
+
+def episode_metric_means(trajectories: list[Trajectory]) -> dict[str, float]:
+    """The mean of each per-episode metric the environment measured (`Trajectory.metrics`), as
+    `episode_<name>`; an episode without a metric (one that could not start) counts as 0."""
+    names = sorted({name for t in trajectories for name in t.metrics})
+    n = len(trajectories)
+    return {f"episode_{k}": sum(t.metrics.get(k, 0.0) for t in trajectories) / n for k in names}
+
+
+def reward_groups(trajectories: list[Trajectory]) -> dict[str, list[float]]:
+    """Rewards per group id (sampled groups only)."""
+    groups: dict[str, list[float]] = {}
+    for t in trajectories:
+        if t.group_id is not None:
+            groups.setdefault(t.group_id, []).append(t.reward)
+    return groups
+
+
+def zero_variance_share(groups: dict[str, list[float]]) -> float:
+    """Share of groups whose samples all earned the same reward: a group-relative advantage is 0
+    on every one of their tokens, so they teach the policy nothing."""
+    flat = sum(1 for rewards in groups.values() if max(rewards) - min(rewards) < 1e-9)
+    return flat / len(groups) if groups else 0.0
 
 
 class EpisodesLost(RuntimeError):

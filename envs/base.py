@@ -52,6 +52,16 @@ class Episode(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (remote sessions, processes)."""
 
+    def solved(self) -> bool | None:
+        """Whether the episode solved its task, where the environment decides it itself (QA: the
+        answer's exact match); None: solved means a full reward (`Environment.normalise`)."""
+        return None
+
+    def metrics(self) -> dict[str, float]:
+        """Per-episode numbers the environment measures (QA: exact match, F1, tool calls),
+        kept on the trajectory and averaged by the stages that play episodes."""
+        return {}
+
 
 class Environment(ABC):
     """A family of tasks. `reward_range` maps raw rewards onto [0, 1] for shared thresholds."""

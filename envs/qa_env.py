@@ -116,6 +116,22 @@ class QAEpisode(Episode):
             self.successful_calls += 1
         return StepResult(result, 0.0, False)
 
+    def solved(self) -> bool:
+        """Solved: the answer matches a gold answer exactly (after normalisation), the metric
+        the benchmarks report, whatever the reward's answer metric and format term."""
+        return self.outcome is not None and self.outcome.exact_match == 1.0
+
+    def metrics(self) -> dict[str, float]:
+        answered = self.outcome is not None
+        return {
+            "answered": float(answered),
+            "exact_match": self.outcome.exact_match if answered else 0.0,
+            "f1": self.outcome.f1 if answered else 0.0,
+            "format_valid": float(self.malformed == 0),
+            "tool_calls": float(self.tool_calls),
+            "failed_tool_calls": float(self.tool_calls - self.successful_calls),
+        }
+
     def _refuse(self, message: str) -> StepResult:
         self.malformed += 1
         return StepResult(message, 0.0, False)

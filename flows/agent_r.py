@@ -20,7 +20,7 @@ import sys
 from prefect import flow
 
 from flywheel.records import Manifest
-from flywheel.settings import AgentRConfig, round_slice
+from flywheel.settings import AgentRConfig
 from ops.driver import Recipe, RoundResult, RoundState, run_all_rounds, run_next_round
 from ops.runner import cli_main
 from tasks.critique import CritiqueInputs, critique_stage
@@ -48,7 +48,7 @@ class AgentR(Recipe):
         trees = mcts_stage(
             MCTSInputs(
                 model_url=policy, env=cfg.env,
-                task_ids=round_slice(self.train_ids, cfg.mcts.tasks_per_round, n),
+                task_ids=cfg.mcts.tasks_for_round(self.train_ids, n),
                 prefix=self.prefix,
                 inference=cfg.inference, settings=cfg.mcts, seed=cfg.seed + n,
             ),

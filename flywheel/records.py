@@ -50,6 +50,8 @@ class Trajectory(BaseModel):
     group_id: str | None = None
     # Times the episode was moved to another environment server (its own died) and replayed.
     recoveries: int = 0
+    # What the environment measured on the episode (`Episode.metrics`: exact match, tool calls).
+    metrics: dict[str, float] = Field(default_factory=dict)
 
     @property
     def prompt(self) -> list[Message]:

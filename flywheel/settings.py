@@ -397,23 +397,28 @@ def round_slice(task_ids: list[str], count: int | None, round_no: int) -> list[s
     return [task_ids[(start + i) % len(task_ids)] for i in range(count)]
 
 
-class ExploreSettings(Strict):
+class RoundSlices(Strict):
+    """A stage that works on train tasks each round: all of them, or the next slice of them."""
+
+    # Train tasks per round; None takes all of them every round (ETO's way). A smaller number
+    # takes the next slice of the list each round (see `round_slice`), for when all of them
+    # every round is too slow.
+    tasks_per_round: int | None = Field(default=None, ge=1)
+
+    def tasks_for_round(self, task_ids: list[str], round_no: int) -> list[str]:
+        """The train tasks round `round_no` (1, 2, ...) works on."""
+        return round_slice(task_ids, self.tasks_per_round, round_no)
+
+
+class ExploreSettings(RoundSlices):
     """Exploration of the train tasks; ETO explores each task once, greedily."""
 
     temperature: float = Field(default=0.0, ge=0)
     samples_per_task: int = Field(default=1, ge=1)
     shards: int = Field(default=2, ge=1)  # mapped Prefect tasks
-    # Train tasks explored per round; None explores all of them every round (ETO's way). A
-    # smaller number explores the next slice of the list each round (see `round_slice`), for
-    # when exploring all of them every round is too slow.
-    tasks_per_round: int | None = Field(default=None, ge=1)
-
-    def tasks_for_round(self, task_ids: list[str], round_no: int) -> list[str]:
-        """The train tasks round `round_no` (1, 2, ...) explores."""
-        return round_slice(task_ids, self.tasks_per_round, round_no)
 
 
-class MCTSSettings(Strict):
+class MCTSSettings(RoundSlices):
     """Agent-R's tree search over the agent's actions, one tree per train task."""
 
     iterations: int = Field(default=8, ge=1)  # descents from the root per tree
@@ -425,9 +430,6 @@ class MCTSSettings(Strict):
     # Build a child from its parent's snapshot (one environment step) where the environment can
     # snapshot; False replays the whole path from a fresh episode for every child (Agent-R's way).
     restore_state: bool = True
-    # Train tasks searched per round (one tree each); None searches all of them every round.
-    # A smaller number takes the next slice of the list each round (see `round_slice`).
-    tasks_per_round: int | None = Field(default=None, ge=1)
 
 
 class PathSettings(Strict):
@@ -574,6 +576,48 @@ class AgentRConfig(RecipeConfig):
     revision_sft: SFTSettings = Field(default_factory=SFTSettings)  # each round's SFT
     general: GeneralDataSettings = Field(default_factory=GeneralDataSettings)
     baselines: bool = True  # train and evaluate Direct-Revision and good-paths-only
+
+
+class SampleSettings(RoundSlices):
+    """Agent-R1's rollouts each round: a group of episodes per train question, sampled with the
+    log-probabilities the trainer's importance ratio needs."""
+
+    samples_per_task: int = Field(default=4, ge=2)  # the group a group-relative baseline uses
+    temperature: float = Field(default=1.0, gt=0)  # the RL trainer's log-probs assume this too
+
+
+class AgentR1Config(RecipeConfig):
+    """One Agent-R1 run on a tool environment: a warm start (SFT on the scripted solver's tool
+    trajectories, so a small model follows the call format), then `rounds` of sample groups →
+    RL update, every policy evaluated on the held-out questions."""
+
+    run_name: str = "agent-r1-qa"
+    env: EnvSettings = Field(default_factory=lambda: EnvSettings(name="qa", max_steps=8))
+    sample: SampleSettings = Field(default_factory=SampleSettings)
+    rl: RLSettings = Field(default_factory=RLSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _qa_by_default(cls, data):
+        """An `env` section without a name means the QA environment here, not TextCraft."""
+        if isinstance(data, dict) and isinstance(data.get("env"), dict):
+            data = {**data, "env": {"name": "qa", **data["env"]}}
+        return data
+
+    @model_validator(mode="after")
+    def _tool_environment(self) -> AgentR1Config:
+        if self.env.name != "qa":
+            raise ValueError(
+                f"env.name={self.env.name!r}: Agent-R1 trains tool-using agents; set env.name=qa "
+                "(search and python tools; env.qa.source picks the questions)"
+            )
+        if self.rl.temperature != self.sample.temperature:
+            raise ValueError(
+                f"rl.temperature={self.rl.temperature} but sample.temperature="
+                f"{self.sample.temperature}: the trainer's log-probabilities must be those of the "
+                "distribution the episodes were sampled from; set both to the same value"
+            )
+        return self
 
 
 def apply_override(data: dict, assignment: str) -> None:

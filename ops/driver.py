@@ -113,6 +113,13 @@ class Recipe:
         )
         return sft_stage(inputs, self.out(path, label))
 
+    def log_curve(self, metrics: dict[str, float], round_no: int, prefix: str) -> None:
+        """`metrics` on the flow's own MLflow run at step `round_no`: one curve per metric over
+        the rounds (`prefix/name`), beside each stage's own run."""
+        if self.tracking is not None:
+            named = {f"{prefix}/{k}": v for k, v in metrics.items()}
+            self.tracking.tracker().log_metrics(self.tracking.parent_run_id, named, round_no)
+
     def policy_label(self, round_no: int) -> str:
         return "sft" if round_no == 0 else f"{self.name}-round-{round_no}"
 
@@ -129,6 +136,7 @@ def evaluated(recipe: Recipe, round_no: int, result: RoundResult) -> RoundResult
     if result.policy is None:
         return result
     evaluation = recipe.evaluate(recipe.policy_label(round_no), result.policy)
+    recipe.log_curve(evaluation[1].metrics, round_no, "evaluate")
     return result.model_copy(update={"evaluations": [*result.evaluations, evaluation]})
 
 

@@ -1,4 +1,5 @@
-"""Stage: one shard of exploration on train tasks (mapped over shards by the flow)."""
+"""Stage: episodes of the policy on train tasks: one shard of ETO's exploration (mapped over
+shards by the flow), or Agent-R1's groups of samples per question."""
 
 from __future__ import annotations
 
@@ -29,14 +30,23 @@ class ExploreInputs(BaseModel):
     temperature: float  # ETO explores greedily: 0
     max_steps: int
     seed: int  # per round and shard, so shards sample differently
+    # Episodes per task, played together as one group (a GRPO group: `Trajectory.group_id`).
+    samples_per_task: int = 1
+    logprobs: bool = False  # record the sampler's log-probability of each generated token
 
 
 @stage("explore-shard")
 def explore_stage(inputs: ExploreInputs, run: StageRun) -> StageResult:
     sampling = SamplingSettings(
-        temperature=inputs.temperature, max_tokens=inputs.inference.max_tokens, seed=inputs.seed
-    )
+        temperature=inputs.temperature, max_tokens=inputs.inference.max_tokens, seed=inputs.seed,
+        logprobs=inputs.logprobs,
+    )  # fmt: skip
     return rollout_to_store(
         run.store, "explore", inputs.model_url, inputs.env, inputs.task_ids, inputs.prefix,
         inputs.inference, inputs.max_steps, sampling, run.file("trajectories.jsonl"),
+        samples_per_task=inputs.samples_per_task,
     )  # fmt: skip
+
+
+# Agent-R1's name for the same body: a group of sampled episodes per question, with log-probs.
+sample_stage = stage("sample")(explore_stage.body)

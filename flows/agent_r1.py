@@ -1,0 +1,112 @@
+"""Agent-R1 (Cheng et al., 2025): a tool-using agent trained end to end by reinforcement learning.
+
+    python -m flows.agent_r1 --config configs/agent_r1_qa.yaml [key=value ...]
+    python -m flows.agent_r1 --campaign --config ...   # one more RL iteration per run
+
+Warm start: SFT of the base model on the scripted solver's tool trajectories (search, python,
+answer), so a small model writes calls the environment can run. An iteration: a group of
+episodes per train question, sampled with the current policy and its log-probabilities, whole
+multi-turn episodes with the tools' results between the turns → one RL update with the chosen
+advantage estimator (`rl.estimator`: grpo, dr-grpo, rloo, reinforce++, ppo), loss on the tokens
+the policy sampled only. Every policy is evaluated greedily on the held-out questions; success is
+the answer's exact match.
+
+The driver (ops/driver.py) evaluates each new policy and writes the report; each stage is cached
+on what it read, so a re-run resumes at the first stage that did not finish. MLflow holds a curve
+per rollout metric (reward, exact match, format validity, tool calls, response length, groups
+with no reward variance) and per evaluation metric over the iterations.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from prefect import flow
+
+from agents.rollout import agent_prefix, few_shot_examples
+from flywheel.settings import AgentR1Config
+from ops.driver import Recipe, RoundResult, RoundState, run_all_rounds, run_next_round
+from ops.runner import cli_main
+from tasks.explore import ExploreInputs, sample_stage
+from tasks.rl import RLInputs, rl_stage
+
+
+class AgentR1(Recipe):
+    name, title, config_class = "agent-r1", "Agent-R1", AgentR1Config
+
+    def start(self) -> RoundResult:
+        """The solver's trajectories on the train questions, and the warm start: SFT on them."""
+        cfg = self.cfg
+        base, solver = self.base_model(), self.expert_trajectories()
+        examples = agent_prefix(self.env, few_shot_examples(self.env, cfg.env.few_shot))
+        untrained = self.evaluate("untrained", base.files["model"], examples)
+        policy = self.sft(
+            "warm-start", base.files["model"], solver.files["trajectories"], cfg.sft, "sft"
+        )
+        return RoundResult(policy=policy.files["model"], evaluations=[untrained])
+
+    def round(self, state: RoundState) -> RoundResult:
+        """Sample a group of episodes per train question with the policy → RL update."""
+        cfg, n = self.cfg, state.round
+        sampled = sample_stage(
+            ExploreInputs(
+                model_url=state.policy, env=cfg.env,
+                task_ids=cfg.sample.tasks_for_round(self.train_ids, n), prefix=self.prefix,
+                inference=cfg.inference, temperature=cfg.sample.temperature,
+                max_steps=cfg.env.max_steps, seed=cfg.seed + n * 1000,
+                samples_per_task=cfg.sample.samples_per_task, logprobs=True,
+            ),
+            self.out(f"round-{n}/sample", f"round-{n}"),
+        )  # fmt: skip
+        self.log_curve(sampled.metrics, n, "rollout")
+        if sampled.metrics.get("zero_variance_groups", 1.0) >= 1.0:
+            return RoundResult(
+                notes=[
+                    f"round {n}: every group's episodes earned the same reward, so no advantage "
+                    "is nonzero; sample more per question (sample.samples_per_task) or other "
+                    "questions."
+                ]
+            )
+        policy = rl_stage(
+            RLInputs(
+                model_url=state.policy, data_url=sampled.files["trajectories"],
+                settings=cfg.rl, seed=cfg.seed + n,
+            ),
+            self.out(f"round-{n}/rl", f"round-{n}"),
+        )  # fmt: skip
+        self.log_curve(policy.metrics, n, "train")
+        return RoundResult(policy=policy.files["model"])
+
+    def policy_label(self, round_no: int) -> str:
+        return "warm-start" if round_no == 0 else f"rl-round-{round_no}"
+
+
+@flow(name="agent-r1", log_prints=True)
+def agent_r1(
+    config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
+) -> list[dict]:
+    """All of Agent-R1 in one run. `config` (a mapping) or `config_file` (YAML), then
+    `overrides` (`key=value`) on top."""
+    return run_all_rounds(AgentR1, config, config_file, overrides)
+
+
+@flow(name="agent-r1-campaign", log_prints=True)
+def agent_r1_campaign(
+    config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
+):
+    """One more Agent-R1 iteration per run (for schedules): round 0 is the warm start, each later
+    round samples from the last published policy and updates it."""
+    return run_next_round(AgentR1, config, config_file, overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli_main(
+        agent_r1, AgentR1Config, argv, prog="python -m flows.agent_r1",
+        campaign_flow=agent_r1_campaign,
+        description="Run Agent-R1: warm-start SFT on tool trajectories, then RL iterations.",
+        example="rounds=2 rl.estimator=rloo sample.samples_per_task=8",
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
