@@ -236,3 +236,22 @@ def test_turns_follow_the_environments_format():
     assert isinstance(turns_for(hand_env()), ToolTurns)
     turn = turns_for(hand_env()).written_turn("Look it up.", search("Elbonia"))
     assert turn.content == "Look it up.\n<search>Elbonia</search>" and turn.loss
+
+
+def test_solved_is_the_exact_match_and_the_episode_reports_its_metrics():
+    episode = hand_env(answer_metric="f1").start("q1")
+    assert episode.solved() is False and episode.metrics()["answered"] == 0.0
+    episode.step("no call at all")  # a format violation: the reward loses its format term
+    episode.step(search("Elbonia"))
+    episode.step(call_action("python", {"code": "1/0"}))  # runs, and fails
+    episode.step(answer("the Mudville"))  # "the" is dropped by the normalisation
+    assert episode.solved() is True
+    assert episode.metrics() == {
+        "answered": 1.0, "exact_match": 1.0, "f1": 1.0, "format_valid": 0.0,
+        "tool_calls": 2.0, "failed_tool_calls": 1.0,
+    }  # fmt: skip
+    partly = hand_env().start("q1")
+    partly.step(answer("Mudville town"))  # F1 2/3, no exact match: not solved
+    assert partly.solved() is False
+    assert partly.metrics()["f1"] == pytest.approx(2 / 3)
+    assert partly.metrics()["format_valid"] == 1.0

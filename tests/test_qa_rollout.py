@@ -67,7 +67,9 @@ def test_a_tag_format_rollout_records_what_rl_needs(env, chat):
     assert [t.group_id for t in trajectories] == [solved, solved, broken, broken]
     win, _, loss, _ = trajectories
     assert win.success and win.reward == pytest.approx(1.1) and win.n_steps == 4
-    assert not loss.success and loss.reward == 0.0 and loss.finish_reason == "done"
+    # the right answer after a broken format: solved (exact match), and no reward at all
+    assert loss.success and loss.reward == 0.0 and loss.finish_reason == "done"
+    assert loss.metrics["format_valid"] == 0.0 and win.metrics["format_valid"] == 1.0
     assert backend.calls == [4, 4, 2, 2]  # all episodes per step; the broken ones end at 2
 
     for trajectory in trajectories:

@@ -283,7 +283,11 @@ def published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories, clock=(
 
     calls, readings = [], itertools.cycle(clock)
     monkeypatch.setattr(rollout, "open_backend", lambda inference, model_dir, tok: "backend")
-    monkeypatch.setattr(rollout, "run_batched", lambda *args: calls.append(args) or trajectories)
+    def run_batched(*args, samples_per_task):
+        calls.append((*args, samples_per_task))
+        return trajectories
+
+    monkeypatch.setattr(rollout, "run_batched", run_batched)
     monkeypatch.setattr(rollout, "time", SimpleNamespace(perf_counter=lambda: next(readings)))
     store = ArtifactStore(str(tmp_path / "store"))
     prefix = [Message(role="system", content="S")]
@@ -318,8 +322,9 @@ def test_a_rollout_stage_counts_and_averages_hand_made_episodes(
     ]
     manifest, store, calls, args = published_stage(tmp_path, tiny_model_dir, monkeypatch,
                                                    trajectories)  # fmt: skip
-    ((env, task_ids, backend, chat, prefix, settings),) = calls
+    ((env, task_ids, backend, chat, prefix, settings, samples),) = calls
     assert (env.name, task_ids, backend, prefix) == ("textcraft", ["a", "b"], "backend", args[5])
+    assert samples == 1
     assert settings == RolloutSettings(max_steps=9, max_model_len=1024, sampling=args[8])
     assert chat.tokenizer.name_or_path.endswith(str(tiny_model_dir).rsplit("/", 1)[-1])
     assert capsys.readouterr().out.splitlines()[0] == (
@@ -331,10 +336,11 @@ def test_a_rollout_stage_counts_and_averages_hand_made_episodes(
         "episodes": 3, "successes": 1, "ended_done": 1, "ended_max_steps": 1,
         "ended_context": 1, "retried": 2, "recoveries": 3,
     }  # fmt: skip
-    # 1 of 3 solved; rewards 1.5 / 3; steps 18 / 3; 6 generated tokens in 2.5 s.
+    # 1 of 3 solved; rewards 1.5 / 3; steps 18 / 3; 6 generated tokens in 2.5 s, 2 per episode;
+    # no group, so no share of groups without reward variance; no per-episode metrics.
     assert manifest.metrics == {
         "success_rate": 1 / 3, "average_reward": 0.5, "average_steps": 6.0, "seconds": 2.5,
-        "generated_tokens_per_s": 2.4,
+        "generated_tokens_per_s": 2.4, "generated_tokens_per_episode": 2.0,
     }  # fmt: skip
 
 
@@ -364,7 +370,7 @@ def test_an_evaluate_stage_is_keyed_on_every_input_and_reused_for_the_same_ones(
     calls = []
     monkeypatch.setattr(rollout, "open_backend", lambda inference, model_dir, tok: "backend")
     monkeypatch.setattr(rollout, "run_batched",
-                        lambda *args: calls.append(args) or [played("a", 1.0, True, 1, "done")])  # fmt: skip
+                        lambda *args, **kw: calls.append(args) or [played("a", 1.0, True, 1, "done")])  # fmt: skip
     store = ArtifactStore(str(tmp_path / "store"))
     inputs = EvaluateInputs(
         model_url=f"file://{tiny_model_dir}", env=EnvSettings(), task_ids=["a", "b"],
@@ -514,3 +520,43 @@ def test_an_episode_ends_on_context_once_its_prompt_leaves_no_room_for_a_reply(c
     tight = play(after_one + len(chat.header_ids) + 49)  # one token short
     assert tight.n_steps == 1 and tight.finish_reason == "context"
     assert tight.messages == full.messages[: start + 2] and not tight.success
+
+
+def test_a_sampled_stage_averages_episode_metrics_and_counts_groups_without_variance(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    group = [
+        ("q1", 1.1, {"exact_match": 1.0, "tool_calls": 2.0}),
+        ("q1", 0.0, {"exact_match": 0.0, "tool_calls": 4.0}),
+        ("q2", 0.1, {"exact_match": 0.0, "tool_calls": 1.0}),
+        ("q2", 0.1, {"exact_match": 0.0, "tool_calls": 3.0}),
+        ("q3", 0.0, {"exact_match": 0.0}),  # an episode without a tool-call count counts 0
+        ("q3", 0.0, {"exact_match": 0.0}),
+    ]
+    trajectories = [
+        played(task, reward, False, 1, "done").model_copy(
+            update={"group_id": task, "metrics": metrics}
+        )
+        for task, reward, metrics in group
+    ]
+    manifest, *_ = published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories)
+    assert manifest.metrics["episode_exact_match"] == pytest.approx(1 / 6)
+    assert manifest.metrics["episode_tool_calls"] == pytest.approx(10 / 6)
+    # q2 (0.1, 0.1) and q3 (0, 0) have no spread; q1 (1.1, 0) has
+    assert manifest.metrics["zero_variance_groups"] == pytest.approx(2 / 3)
+
+
+def test_group_rewards_and_the_share_of_groups_without_variance():
+    from agents.rollout import reward_groups, zero_variance_share
+
+    trajectories = [
+        played("a", 1.0, True, 1, "done").model_copy(update={"group_id": "a"}),
+        played("a", 1.0, True, 1, "done").model_copy(update={"group_id": "a"}),
+        played("b", 0.0, False, 1, "done").model_copy(update={"group_id": "b"}),
+        played("b", 0.5, False, 1, "done").model_copy(update={"group_id": "b"}),
+        played("c", 0.5, False, 1, "done"),  # no group: left out
+    ]
+    groups = reward_groups(trajectories)
+    assert groups == {"a": [1.0, 1.0], "b": [0.0, 0.5]}
+    assert zero_variance_share(groups) == 0.5
+    assert zero_variance_share({}) == 0.0

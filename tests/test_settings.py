@@ -34,7 +34,7 @@ def test_etos_defaults_reach_the_trainer_and_the_explorer(monkeypatch, tmp_path)
     args = dpo_trl_args(cfg.dpo, seed=3)
     assert (args["beta"], args["learning_rate"]) == (0.1, 1e-6)
     seen = {}
-    monkeypatch.setattr(tasks.explore, "rollout_to_store", lambda *a: seen.update(sampling=a[8]))
+    monkeypatch.setattr(tasks.explore, "rollout_to_store", lambda *a, **kw: seen.update(sampling=a[8]))
     inputs = tasks.explore.ExploreInputs(
         model_url="model", env=cfg.env, task_ids=["t"], prefix=[], inference=cfg.inference,
         temperature=cfg.explore.temperature, max_steps=5, seed=3,
