@@ -281,6 +281,34 @@ def test_a_group_with_equal_rewards_teaches_grpo_nothing(tmp_path, tiny_model_di
     metrics = rl.train(job)
     assert metrics["groups_zero_reward_variance"] == 1
     assert metrics["mean_advantage"] == 0 and metrics["loss"] == 0
+    # no KL term: the rows are skipped, not trained; the model is saved as it was
+    assert metrics["rows_skipped_zero_advantage"] == 4 and metrics["optimizer_steps"] == 0
+    assert answer_logprobs(job.output_dir, chat) == pytest.approx(
+        answer_logprobs(tiny_model_dir, chat)
+    )
+
+
+def test_rows_without_advantage_are_skipped_only_when_no_kl_term_needs_them(
+    tmp_path, tiny_model_dir, chat
+):
+    flat = [episode([sampled(chat, "green")], reward=0.5, group="flat") for _ in range(2)]
+    data = write_trajectories(tmp_path / "g.jsonl", colour_group(chat) + flat)
+    trained = {}
+    for kl_beta in (0.0, 0.1):
+        settings = RLSettings(estimator="grpo", learning_rate=1e-3, kl_beta=kl_beta, batch_size=8)
+        job = TrainingJob(str(tiny_model_dir), data, str(tmp_path / f"m{kl_beta}"),
+                          max_length=512, rl=settings.model_dump())  # fmt: skip
+        trained[kl_beta] = rl.train(job)
+    without_kl, with_kl = trained[0.0], trained[0.1]
+    assert (
+        without_kl["rows_skipped_zero_advantage"] == 2
+        and with_kl["rows_skipped_zero_advantage"] == 0
+    )
+    assert without_kl["groups"] == with_kl["groups"] == 2  # counted over all rows
+    assert without_kl["groups_zero_reward_variance"] == 1
+    assert without_kl["reward_mean"] == pytest.approx((2 + 1.0) / 6)
+    per_row = with_kl["loss_tokens_per_epoch"] / 6  # every reply is one word and its end
+    assert without_kl["loss_tokens_trained"] == with_kl["loss_tokens_trained"] - 2 * per_row
 
 
 def test_main_reads_the_job_file_and_refuses_data_without_sampled_tokens(

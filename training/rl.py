@@ -63,6 +63,7 @@ from training.job import TrainingJob, load_model, parse_job, report_metrics
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 KL_IN_REWARD = ("reinforce++", "ppo")  # the other estimators put the KL in the loss
+GROUP_BASELINES = ("grpo", "dr-grpo", "rloo")  # advantages from the rewards alone
 
 
 class Policy(nn.Module):
@@ -111,6 +112,14 @@ class Rows:
     start_logp: Tensor | None = None  # (B, T) under the starting model
     start_values: Tensor | None = None  # (B, T) PPO's value head before training
 
+    def select(self, keep: list[int]) -> Rows:
+        """These rows only (before the starting pass)."""
+        return Rows(
+            input_ids=[self.input_ids[i] for i in keep], mask=self.mask[keep],
+            recorded_logp=self.recorded_logp[keep], rewards=self.rewards[keep],
+            groups=self.groups[keep],
+        )  # fmt: skip
+
     @property
     def old_logp(self) -> Tensor:
         """The behaviour policy's log-probabilities: recorded where the sampler gave them, the
@@ -149,6 +158,14 @@ def starting_pass(policy: Policy, rows: Rows, device) -> None:
     rows.start_logp = torch.stack(logps)
     rows.start_values = torch.stack(values) if values else None
     policy.train()
+
+
+def rows_with_signal(advantages: Tensor, mask: Tensor) -> list[int]:
+    """Rows with a nonzero advantage on some loss token. The others (a group whose samples all
+    earned the same reward) give the clipped surrogate no gradient; without a KL term in the
+    loss they change nothing, so training skips them (as DAPO's dynamic sampling does) rather
+    than spend a forward and a backward pass on each."""
+    return [i for i in range(len(mask)) if bool((advantages[i][mask[i]] != 0).any())]
 
 
 def estimate_advantages(settings: RLSettings, rows: Rows) -> tuple[Tensor, Tensor | None]:
@@ -313,38 +330,55 @@ def train(job: TrainingJob) -> dict:
     model = load_model(job)
     head = value_head_for(model, job.model_dir) if settings.estimator == "ppo" else None
     policy = Policy(model, head, settings.temperature).to(accelerator.device)
-    rows = as_tensors(found)
-    starting_pass(policy, rows, accelerator.device)
+    rows, skipped, advantages = as_tensors(found), 0, None
+    sampled = {"reward_mean": float(rows.rewards.mean()), **group_stats(rows)}  # all rows
+    if settings.estimator in GROUP_BASELINES and not settings.kl_beta:
+        advantages, _ = estimate_advantages(settings, rows)  # from the whole groups' rewards
+        keep = rows_with_signal(advantages, rows.mask)
+        skipped, rows, advantages = len(found) - len(keep), rows.select(keep), advantages[keep]
+        found = [found[i] for i in keep]
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate, weight_decay=0.0)
     wrapped, optimizer = accelerator.prepare(policy, optimizer)
-    advantages, returns = estimate_advantages(settings, rows)
-    sums = optimise(wrapped, optimizer, accelerator, settings, rows, advantages, returns, job.seed)
+    sums = Sums()
+    if found:
+        starting_pass(policy, rows, accelerator.device)
+        if advantages is None:
+            advantages, returns = estimate_advantages(settings, rows)
+        else:
+            returns = None
+        sums = optimise(
+            wrapped, optimizer, accelerator, settings, rows, advantages, returns, job.seed
+        )
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         return {}
     save_policy(accelerator.unwrap_model(wrapped), tokenizer, job.output_dir)
-    return metrics(rows, advantages, sums, counts, found, accelerator.num_processes)
+    return {
+        **metrics(rows, advantages, sums, counts, found, accelerator.num_processes),
+        **sampled,
+        "rows_skipped_zero_advantage": skipped,
+    }
 
 
 def metrics(rows: Rows, advantages, sums: Sums, counts, found: list[dict], processes: int) -> dict:
     """Training statistics (means over the loss tokens trained) and the data's."""
     mask = rows.mask
-    mismatch = (rows.recorded_logp - rows.start_logp).abs()
     recorded = mask & ~rows.recorded_logp.isnan()
+    gap = 0.0
+    if recorded.any() and rows.start_logp is not None:
+        gap = float((rows.recorded_logp - rows.start_logp).abs()[recorded].mean())
     tokens = max(sums.tokens, 1)
     return {
         "loss": sums.loss / max(sums.steps, 1),
         "kl": sums.kl / tokens,
         "clip_fraction": sums.clipped / tokens,
-        "mean_advantage": float(advantages[mask].mean()),
+        "mean_advantage": float(advantages[mask].mean()) if mask.any() else 0.0,
         "loss_tokens_trained": sums.tokens,
         "optimizer_steps": sums.steps,
         "processes": processes,
-        "reward_mean": float(rows.rewards.mean()),
         # How far the sampler's log-probabilities are from the trainer's for the same model.
-        "sampler_logprob_gap": float(mismatch[recorded].mean()) if recorded.any() else 0.0,
-        **group_stats(rows),
+        "sampler_logprob_gap": gap,
         **counts.as_metrics(),
         **token_counts(found),
     }
