@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-scienceworld test test-fast mutation lint bench bench-mcts bench-env bench-train bench-efficacy services deploy worker
+.PHONY: install demo demo-agent-r demo-agent-r1 demo-scienceworld test test-fast mutation lint bench bench-mcts bench-env bench-train bench-efficacy services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -17,6 +17,9 @@ demo: install
 
 demo-agent-r: install
 	$(PY) -m flows.agent_r --config configs/agent_r_textcraft.yaml
+
+demo-agent-r1: install
+	$(PY) -m flows.agent_r1 --config configs/agent_r1_qa.yaml
 
 # Both tiers, the fast one first: a broken rule fails in minutes, before vLLM and trainers start.
 test: install
@@ -71,7 +74,7 @@ deploy: install
 	PREFECT_API_URL=$(PREFECT_URL) FLYWHEEL_HOME=$(CURDIR) .venv/bin/prefect --no-prompt deploy \
 	  --prefect-file deployments/prefect.yaml --name eto-campaign-textcraft \
 	  --name agent-r-campaign-textcraft --name eto-textcraft --name agent-r-textcraft \
-	  --name eto-scienceworld
+	  --name agent-r1-qa --name eto-scienceworld
 
 worker: install
 	PREFECT_API_URL=$(PREFECT_URL) MLFLOW_TRACKING_URI=$(MLFLOW_URL) FLYWHEEL_MLFLOW_UI=$(MLFLOW_URL) \

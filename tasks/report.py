@@ -91,13 +91,14 @@ def report_stage(
     table = markdown_table(rows)
     png = success_plot(rows, title)
     store.write_json(f"{run_url}/results.json", rows)
-    store.write_text(f"{run_url}/results.md", table)
+    noted = table + ("\n" + "".join(f"- {n}\n" for n in notes) if notes else "")
+    store.write_text(f"{run_url}/results.md", noted)  # the table, and why rounds stopped
     store.write_bytes(f"{run_url}/success_rate.png", png)
     links = [f"- Artifacts: `{run_url}`"]
     if tracking:
         tracker = tracking.tracker()
         with tempfile.TemporaryDirectory() as folder:
-            for name, data in [("results.md", table.encode()), ("success_rate.png", png)]:
+            for name, data in [("results.md", noted.encode()), ("success_rate.png", png)]:
                 (Path(folder) / name).write_bytes(data)
                 tracker.log_artifact(tracking.parent_run_id, Path(folder) / name)
         if rows:

@@ -4,7 +4,7 @@ import pytest
 
 from flows.eto import main
 from flywheel.inference import SamplingSettings
-from flywheel.settings import AgentRConfig, ConfigError, ETOConfig, load_config
+from flywheel.settings import AgentR1Config, AgentRConfig, ConfigError, ETOConfig, load_config
 from flywheel.stage import StageOutput, StageRun
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,11 +16,13 @@ SMOLLM2_LAYERS = 30  # SmolLM2-135M, the model every shipped config trains
 @pytest.mark.parametrize(
     "name, model",
     [("eto_textcraft", ETOConfig), ("eto_scienceworld", ETOConfig),
-     ("agent_r_textcraft", AgentRConfig)],
+     ("agent_r_textcraft", AgentRConfig), ("agent_r1_qa", AgentR1Config)],
 )  # fmt: skip
 def test_shipped_configs_validate_and_freeze_fewer_layers_than_the_model_has(name, model):
     cfg = load_config(model, str(ROOT / "configs" / f"{name}.yaml"))
-    trainers = [cfg.sft, cfg.dpo] if model is ETOConfig else [cfg.sft, cfg.revision_sft]
+    trainers = {ETOConfig: ["sft", "dpo"], AgentRConfig: ["sft", "revision_sft"],
+                AgentR1Config: ["sft", "rl"]}[model]  # fmt: skip
+    trainers = [getattr(cfg, name) for name in trainers]
     assert all(0 < t.frozen_layers < SMOLLM2_LAYERS for t in trainers), name
 
 
@@ -34,7 +36,9 @@ def test_etos_defaults_reach_the_trainer_and_the_explorer(monkeypatch, tmp_path)
     args = dpo_trl_args(cfg.dpo, seed=3)
     assert (args["beta"], args["learning_rate"]) == (0.1, 1e-6)
     seen = {}
-    monkeypatch.setattr(tasks.explore, "rollout_to_store", lambda *a, **kw: seen.update(sampling=a[8]))
+    monkeypatch.setattr(
+        tasks.explore, "rollout_to_store", lambda *a, **kw: seen.update(sampling=a[8])
+    )
     inputs = tasks.explore.ExploreInputs(
         model_url="model", env=cfg.env, task_ids=["t"], prefix=[], inference=cfg.inference,
         temperature=cfg.explore.temperature, max_steps=5, seed=3,
@@ -59,6 +63,22 @@ def test_exploring_a_slice_per_round_walks_the_task_list_and_wraps():
         ["a", "b"], ["c", "d"], ["e", "a"]
     ]  # fmt: skip
     assert ExploreSettings(tasks_per_round=9).tasks_for_round(ids, 2) == ids
+
+
+def test_every_per_round_slice_walks_the_same_way():
+    from flywheel.settings import MCTSSettings, SampleSettings
+
+    ids = ["a", "b", "c"]
+    for settings in (MCTSSettings(tasks_per_round=2), SampleSettings(tasks_per_round=2)):
+        assert settings.tasks_for_round(ids, 2) == ["c", "a"]
+
+
+def test_agent_r1_refuses_an_environment_without_tools_and_mismatched_temperatures():
+    assert AgentR1Config(env={"test_tasks": 5}).env.name == "qa"  # a section without a name
+    with pytest.raises(ValueError, match="set env.name=qa"):
+        AgentR1Config(env={"name": "textcraft"})
+    with pytest.raises(ValueError, match="set both to the same value"):
+        AgentR1Config(sample={"temperature": 0.7})
 
 
 def test_agent_rs_defaults_reach_the_tree_search():

@@ -1,0 +1,120 @@
+"""Agent-R1 end to end: sampled QA groups through the RL stage, and the whole flow with the tiny
+model.
+
+Real QA environment (BM25 search, sandboxed python), real vLLM (CPU) in the flow, the RL trainer
+in its own process, real Prefect and MLflow. The tiny random model never answers, so its groups
+carry no reward variance and the flow's round says so; the stage test gets groups with variance
+from a scripted model that answers right in one sample of each pair and wrong in the other.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import task_states
+from mlflow.tracking import MlflowClient
+from test_qa_rollout import ScriptedQABackend, solver_replies
+
+from agents.rollout import RolloutSettings, agent_prefix, run_batched
+from envs import make_env
+from flows.agent_r1 import agent_r1
+from flywheel.inference import release_vllm
+from flywheel.records import Trajectory
+from flywheel.settings import EnvSettings, RLSettings
+from flywheel.stage import StageOutput
+from flywheel.storage import ArtifactStore
+from tasks.rl import RLInputs, rl_stage
+
+pytestmark = pytest.mark.slow
+
+
+class RightThenWrong(ScriptedQABackend):
+    """The solver's replies in even samples; odd samples answer wrong at once (the first call
+    has every episode, a task's samples in a row), so each group has a win and a loss."""
+
+    def generate(self, prompts, sampling):
+        replies = super().generate(prompts, sampling)
+        if len(self.calls) == 1:
+            replies[1::2] = [self._wrong() for _ in replies[1::2]]
+        return replies
+
+    def _wrong(self):
+        from flywheel.inference import Generation
+
+        text = "<answer>Nowhere</answer>"
+        ids = self.chat.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += [self.chat.tokenizer.eos_token_id]
+        return Generation(text, ids, "stop", [-0.5] * len(ids))
+
+
+def test_sampled_groups_train_through_the_rl_stage(tmp_path, tiny_model_dir, chat):
+    env = make_env(EnvSettings(name="qa"))
+    tasks = [t for t in env.task_ids("train") if t.startswith("founder_birth_town/")][:2]
+    questions = {t: env.questions("train")[t].question for t in tasks}
+    backend = RightThenWrong(chat, questions, {t: solver_replies(env, t) for t in tasks})
+    trajectories = run_batched(
+        env, tasks, backend, chat, agent_prefix(env, []), RolloutSettings(6), False, 2
+    )
+    assert [t.success for t in trajectories] == [True, False, True, False]
+    store = ArtifactStore(str(tmp_path / "store"))
+    data = store.write_records(store.url("sample/trajectories.jsonl"), trajectories)
+    model = store.upload_dir(tiny_model_dir, store.url("model"))
+    settings = RLSettings(estimator="grpo", learning_rate=1e-4, kl_beta=0.0, batch_size=4)
+    trained = rl_stage.fn(
+        RLInputs(model_url=model, data_url=data, settings=settings, seed=0),
+        StageOutput(store_url=store.root, url=store.url("rl")),
+    )
+    assert trained.metrics["groups"] == 2 and trained.metrics["groups_zero_reward_variance"] == 0
+    assert trained.metrics["rows_skipped_zero_advantage"] == 0
+    # the loss tokens are the replies the policy sampled: not the tool results between them
+    replies = [m for t in trajectories for m in t.messages if m.token_ids]
+    sampled = sum(len(m.token_ids) for m in replies) + sum(m.end_generated for m in replies)
+    assert trained.metrics["loss_tokens_trained"] == sampled
+    assert store.exists(trained.files["model"] + "/config.json")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny_model_dir):
+    root = tmp_path_factory.mktemp("agent-r1")
+    config = {
+        "run_name": "agent-r1-tiny",
+        "storage_url": str(root / "store"),
+        "mlflow_tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
+        "model": {"base": "tiny"},
+        "env": {"train_tasks": 3, "test_tasks": 2, "max_steps": 2, "few_shot": 0},
+        "inference": {"max_tokens": 16, "kv_cache_gib": 1, "max_model_len": 2048},
+        "rounds": 1,
+        "sft": {"epochs": 1, "batch_size": 2, "max_length": 2048},
+        "sample": {"tasks_per_round": 2, "samples_per_task": 2},
+    }
+    state = agent_r1(config=config, return_state=True)
+    release_vllm()
+    return {"config": config, "state": state}
+
+
+def test_the_flow_warm_starts_samples_groups_and_says_why_it_stopped(run):
+    state, config = run["state"], run["config"]
+    assert state.is_completed()
+    states = task_states(state)
+    for stage in ["expert-trajectories", "sft", "evaluate", "sample"]:
+        assert set(states[stage]) <= {"Completed"}, (stage, states[stage])
+    assert "rl" not in states  # no group had reward variance: nothing to train
+    assert [row["stage"] for row in state.result()] == ["untrained", "warm-start"]
+    store = ArtifactStore(config["storage_url"])
+    sampled = store.read_records(
+        store.url("agent-r1-tiny/round-1/sample/trajectories.jsonl"), Trajectory
+    )
+    assert len(sampled) == 4 and len({t.group_id for t in sampled}) == 2
+    replies = [m for t in sampled for m in t.continuation if m.role == "assistant"]
+    assert replies and all(m.logprobs and len(m.logprobs) == len(m.token_ids) for m in replies)
+    assert "every group's episodes earned the same reward" in store.read_text(
+        store.url("agent-r1-tiny/results.md")
+    )
+    client = MlflowClient(config["mlflow_tracking_uri"])
+    experiment = client.get_experiment_by_name("flywheel").experiment_id
+    parent = next(
+        r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags
+    )
+    curve = client.get_metric_history(parent.info.run_id, "rollout/zero_variance_groups")
+    assert [(m.step, m.value) for m in curve] == [(1, 1.0)]
+    evaluations = client.get_metric_history(parent.info.run_id, "evaluate/success_rate")
+    assert [m.step for m in evaluations] == [0]
