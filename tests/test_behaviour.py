@@ -138,7 +138,7 @@ def test_a_tag_format_trajectory():
         tagged("Error: in the worked example"),
         user("Question: how old was the founder?"),  # episode_start = 3
         agent("First the founder. <search>founder</search>", [1, 2, 3, 4]),  # 4 tokens
-        tagged("Ada founded it in 1901."),
+        tagged("Ada founded it in 1901. Its manual: Error: see page 2."),  # no error
         agent("<python>1/0</python>", [5, 6]),  # 2 tokens
         tagged("Error: ZeroDivisionError: division by zero"),
         agent("I think it is 7."),  # no ids: 5 words; no call (malformed)
