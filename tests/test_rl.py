@@ -271,6 +271,44 @@ def test_an_rl_step_moves_the_policy_towards_the_rewarded_answer(
     assert (tmp_path / "model" / "value_head.safetensors").exists() == (estimator == "ppo")
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_without_a_kl_term_a_group_baseline_learns_without_the_starting_pass(
+    estimator, tmp_path, tiny_model_dir, chat, starting_logprobs, monkeypatch
+):
+    monkeypatch.setattr(rl, "starting_pass", lambda *a: pytest.fail("the pass is not needed"))
+    settings = RLSettings(
+        estimator=estimator, learning_rate=1e-3, epochs=2, batch_size=4, kl_beta=0.0
+    )
+    job = TrainingJob(
+        model_dir=str(tiny_model_dir), output_dir=str(tmp_path / "model"), max_length=512,
+        data_file=write_trajectories(tmp_path / "group.jsonl", colour_group(chat)),
+        rl=settings.model_dump(mode="json"), seed=0,
+    )  # fmt: skip
+    metrics = rl.train(job)
+    blue_before, red_before = starting_logprobs
+    blue_after, red_after = answer_logprobs(job.output_dir, chat)
+    assert blue_after > blue_before + 0.1 and red_after < red_before - 0.1
+    assert metrics["kl"] == 0 and metrics["optimizer_steps"] == 2
+
+
+def test_a_token_without_a_recorded_logprob_keeps_its_first_visit_value():
+    rows = rl.Rows(
+        input_ids=[torch.tensor([1, 2, 3, 4])],
+        mask=torch.tensor([[False, True, True]]),
+        recorded_logp=torch.tensor([[float("nan"), -0.5, float("nan")]]),
+        rewards=torch.tensor([1.0]),
+        groups=torch.tensor([0]),
+    )
+    first = rl.first_visit_logp(rows, 0, torch.tensor([[-1.0, -2.0, -3.0]]))
+    assert first.tolist() == [[-1.0, -0.5, -3.0]]  # the sampler's where recorded
+    later = rl.first_visit_logp(rows, 0, torch.tensor([[-9.0, -9.0, -9.0]]))
+    assert later.tolist() == [[-1.0, -0.5, -3.0]]  # the first visit's, not the new policy's
+    assert rl.needs_starting_pass(RLSettings(estimator="grpo", kl_beta=0.0)) is False
+    assert rl.needs_starting_pass(RLSettings(estimator="grpo", kl_beta=0.01)) is True
+    assert rl.needs_starting_pass(RLSettings(estimator="reinforce++", kl_beta=0.0)) is True
+    assert rl.needs_starting_pass(RLSettings(estimator="ppo", kl_beta=0.0)) is True
+
+
 def test_a_group_with_equal_rewards_teaches_grpo_nothing(tmp_path, tiny_model_dir, chat):
     group = colour_group(chat)
     for trajectory in group:

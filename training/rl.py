@@ -10,7 +10,9 @@ token rewards (reinforce++, ppo), and a clipped value loss for PPO's value head.
 Before the first update one forward pass of the starting model gives, per token, the reference
 log-probabilities (for the KL), the old log-probabilities where the sampler recorded none (the
 end-of-turn token always; whole turns from backends without log-probabilities) and, for PPO, the
-old values.
+old values. A group baseline without a KL term needs none of these and skips the pass
+(`needs_starting_pass`); rows whose advantage is zero everywhere are then skipped too
+(`rows_with_signal`).
 
 Our own loop, not trl's GRPOTrainer: the GRPOTrainer generates its own completions in its
 training step (its `rollout_func` still hands generation to the trainer, one prompt and
@@ -39,6 +41,7 @@ import torch
 from accelerate import Accelerator
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from flywheel.chat import ChatTokenizer
@@ -144,13 +147,33 @@ def as_tensors(rows: list[dict]) -> Rows:
     )
 
 
+def needs_starting_pass(settings: RLSettings) -> bool:
+    """Whether training needs the starting model's log-probabilities of every token before the
+    first update: for a KL term (in the loss or in the rewards) and for PPO's values. Without
+    them (a group baseline, no KL) the pass is skipped: a third of the stage's compute on a CPU.
+    The few tokens the sampler recorded no log-probability for (the turn's end token) then take
+    the policy's own at the row's first visit (`first_visit_logp`)."""
+    return settings.kl_beta > 0 or settings.estimator not in GROUP_BASELINES
+
+
+def first_visit_logp(rows: Rows, index: int, logp: Tensor) -> Tensor:
+    """The behaviour log-probabilities of row `index`: the sampler's where recorded, elsewhere the
+    policy's at this row's first visit, kept for later epochs (ratio 1 at the first visit: the
+    plain policy gradient on those tokens)."""
+    width = logp.shape[1]
+    recorded = rows.recorded_logp[index, :width]
+    filled = torch.where(recorded.isnan(), logp.detach()[0].cpu(), recorded)
+    rows.recorded_logp[index, :width] = filled
+    return filled[None].to(logp.device)
+
+
 @torch.no_grad()
 def starting_pass(policy: Policy, rows: Rows, device) -> None:
     """The starting model's log-probabilities (and values) of every row, once."""
     policy.eval()
     width = rows.mask.shape[1]
     logps, values = [], []
-    for ids in rows.input_ids:
+    for ids in tqdm(rows.input_ids, desc="rl starting pass", unit="row"):
         logp, value = policy(ids[None].to(device))
         logps.append(nn.functional.pad(logp[0].cpu(), (0, width - logp.shape[1])))
         if value is not None:
@@ -225,10 +248,15 @@ def sequence_loss(
     def row(tensor: Tensor) -> Tensor:  # this sequence's positions, unpadded, by the model
         return tensor[index, : logp.shape[1]][None].to(device)
 
-    mask, old_logp, advantage = row(rows.mask), row(rows.old_logp), row(advantages)
+    mask, advantage = row(rows.mask), row(advantages)
+    if rows.start_logp is None:  # no starting pass: see `needs_starting_pass`
+        old_logp = first_visit_logp(rows, index, logp)
+        kl = torch.zeros_like(logp)
+    else:
+        old_logp = row(rows.old_logp)
+        kl = kl_k3(logp, row(rows.start_logp), mask)
     low, high = settings.clip_low, settings.clip_high
     loss = clipped_policy_loss(logp, old_logp, advantage, mask, low, high, "token-mean")
-    kl = kl_k3(logp, row(rows.start_logp), mask)
     if settings.kl_beta and settings.estimator not in KL_IN_REWARD:
         loss = loss + settings.kl_beta * aggregate(kl, mask, "token-mean")
     if values is not None:
@@ -260,27 +288,33 @@ def optimise(policy, optimizer, accelerator, settings, rows, advantages, returns
     """`settings.epochs` passes over the rows; the statistics summed over all processes."""
     sums = Sums()
     rank, processes = accelerator.process_index, accelerator.num_processes
-    for epoch in range(settings.epochs):
+    schedule = [
+        batch
+        for epoch in range(settings.epochs)
         for batch in optimizer_batches(
             len(rows.input_ids), settings.batch_size, processes, seed + epoch
-        ):
-            weights = sequence_weights(rows.mask[batch], settings.aggregation)
-            share = list(range(rank, len(batch), processes))
-            for step, position in enumerate(share):
-                last = step == len(share) - 1
-                # DDP averages gradients over processes; the weights already sum the batch.
-                with contextlib.nullcontext() if last else accelerator.no_sync(policy):
-                    with accelerator.autocast():
-                        loss = sequence_loss(
-                            policy, settings, rows, batch[position], advantages, returns, sums
-                        )
-                    weighted = loss * weights[position] * processes
-                    accelerator.backward(weighted)
-                sums.loss += float(loss.detach() * weights[position])
-            accelerator.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad()
-            sums.steps += 1
+        )
+    ]
+    bar = tqdm(schedule, desc="rl optimizer steps", disable=not accelerator.is_main_process)
+    for batch in bar:
+        weights = sequence_weights(rows.mask[batch], settings.aggregation)
+        share = list(range(rank, len(batch), processes))
+        for step, position in enumerate(share):
+            last = step == len(share) - 1
+            # DDP averages gradients over processes; the weights already sum the batch.
+            with contextlib.nullcontext() if last else accelerator.no_sync(policy):
+                with accelerator.autocast():
+                    loss = sequence_loss(
+                        policy, settings, rows, batch[position], advantages, returns, sums
+                    )
+                weighted = loss * weights[position] * processes
+                accelerator.backward(weighted)
+            sums.loss += float(loss.detach() * weights[position])
+        accelerator.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad()
+        sums.steps += 1
+        bar.set_postfix(loss=f"{sums.loss / sums.steps:.4f}")
     return summed_over_processes(sums, accelerator)
 
 
@@ -342,7 +376,8 @@ def train(job: TrainingJob) -> dict:
     wrapped, optimizer = accelerator.prepare(policy, optimizer)
     sums = Sums()
     if found:
-        starting_pass(policy, rows, accelerator.device)
+        if needs_starting_pass(settings):
+            starting_pass(policy, rows, accelerator.device)
         if advantages is None:
             advantages, returns = estimate_advantages(settings, rows)
         else:
