@@ -19,6 +19,7 @@ with no reward variance) and per evaluation metric over the iterations.
 
 from __future__ import annotations
 
+import random
 import sys
 
 from prefect import flow
@@ -33,6 +34,13 @@ from tasks.rl import RLInputs, rl_stage
 
 class AgentR1(Recipe):
     name, title, config_class = "agent-r1", "Agent-R1", AgentR1Config
+
+    def questions(self) -> list[str]:
+        """The questions RL samples from: every train question (not only the warm start's),
+        in a seeded order, so each round's slice mixes the question types."""
+        questions = list(self.env.task_ids("train"))
+        random.Random(self.cfg.seed).shuffle(questions)
+        return questions
 
     def start(self) -> RoundResult:
         """The solver's trajectories on the train questions, and the warm start: SFT on them."""
@@ -51,7 +59,7 @@ class AgentR1(Recipe):
         sampled = sample_stage(
             ExploreInputs(
                 model_url=state.policy, env=cfg.env,
-                task_ids=cfg.sample.tasks_for_round(self.train_ids, n), prefix=self.prefix,
+                task_ids=cfg.sample.tasks_for_round(self.questions(), n), prefix=self.prefix,
                 inference=cfg.inference, temperature=cfg.sample.temperature,
                 max_steps=cfg.env.max_steps, seed=cfg.seed + n * 1000,
                 samples_per_task=cfg.sample.samples_per_task, logprobs=True,
