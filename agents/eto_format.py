@@ -42,8 +42,7 @@ def write_eto_sft(trajectories: list[Trajectory]) -> list[dict]:
         {
             "id": t.task_id,
             "reward": t.reward,
-            "conversations": _instruction_part(t.messages)
-            + _turns(t.messages[t.episode_start :]),
+            "conversations": _instruction_part(t.messages) + _turns(t.messages[t.episode_start :]),
         }
         for t in trajectories
     ]
