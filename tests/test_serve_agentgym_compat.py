@@ -323,10 +323,14 @@ def test_a_sciworld_compat_server_process_plays_an_episode_for_flywheels_own_cli
         assert "longest" in answer["task_description"]
         plan = sciworld_plan(answer)
         assert plan == env.expert_plan(str(data_idx)) and len(plan) == 4
-        results = [episode.step(action) for _, action in plan]
+        results = []
+        for _, action in plan:  # the gold path ends with a `wait1` the task may not need
+            results.append(episode.step(action))
+            if results[-1].done:
+                break
         episode.close()
     finally:
         server.kill()
-    assert [r.done for r in results] == [False, False, False, True]
+    assert results[-1].done and not any(r.done for r in results[:-1]) and len(results) >= 3
     assert sum(r.reward for r in results) == 100.0 and results[-1].reward > 0
     print(f"episode played {time.monotonic() - started:.1f} s after the server was started")
