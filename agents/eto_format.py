@@ -9,7 +9,7 @@ trajectories share one prompt.
 
 from __future__ import annotations
 
-from flywheel.records import Message, Pair, Trajectory
+from flywheel.records import Message, Pair, Trajectory, opening_length
 
 _ROLE_TO_ETO = {"user": "human", "assistant": "gpt"}
 _ETO_TO_ROLE = {"human": "user", "gpt": "assistant"}
@@ -29,8 +29,12 @@ def _messages(turns: list[dict]) -> list[Message]:
     return out
 
 
-def _instruction_part(system: Message) -> list[dict]:
-    return [{"from": "human", "value": system.content}, {"from": "gpt", "value": "OK"}]
+def _instruction_part(messages: list[Message]) -> list[dict]:
+    """The instructions and their "OK": a system prompt becomes that pair; an opening already in
+    that layout (AgentGym's, `opening_length` 2) is written as it is."""
+    if opening_length(messages) == 2:
+        return _turns(messages[:2])
+    return [{"from": "human", "value": messages[0].content}, {"from": "gpt", "value": "OK"}]
 
 
 def write_eto_sft(trajectories: list[Trajectory]) -> list[dict]:
@@ -38,8 +42,7 @@ def write_eto_sft(trajectories: list[Trajectory]) -> list[dict]:
         {
             "id": t.task_id,
             "reward": t.reward,
-            "conversations": _instruction_part(t.messages[0])
-            + _turns(t.messages[t.episode_start :]),
+            "conversations": _instruction_part(t.messages) + _turns(t.messages[t.episode_start :]),
         }
         for t in trajectories
     ]
@@ -73,7 +76,7 @@ def write_eto_dpo(pairs: list[Pair]) -> list[dict]:
     return [
         {
             "id": p.task_id,
-            "prompt": _instruction_part(p.prompt[0]) + _turns(p.prompt[-1:]),
+            "prompt": _instruction_part(p.prompt[:-1]) + _turns(p.prompt[-1:]),
             "chosen": _turns(p.chosen),
             "rejected": _turns(p.rejected),
         }

@@ -40,11 +40,25 @@ class RolloutSettings:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
 
 
+def instruction_part(env: Environment) -> list[Message]:
+    """How a conversation opens: the environment's prompt as the system message, or, where the
+    environment says how it is acknowledged (`Environment.prompt_acknowledgement`: AgentGym's
+    clients' layout), as the first user turn and the assistant's answer, without loss."""
+    if env.prompt_acknowledgement is None:
+        return [Message(role="system", content=env.system_prompt)]
+    return [
+        Message(role="user", content=env.system_prompt),
+        Message(role="assistant", content=env.prompt_acknowledgement, loss=False),
+    ]
+
+
 def agent_prefix(env: Environment, examples: list[Trajectory]) -> list[Message]:
-    """System prompt, then worked examples as earlier chat turns (no loss on them)."""
-    messages = [Message(role="system", content=env.system_prompt)]
+    """The opening (`instruction_part`), then worked examples as earlier chat turns (each from its
+    task's first turn; no loss on them)."""
+    messages = instruction_part(env)
     for example in examples:
-        messages += [m.model_copy(update={"loss": False}) for m in example.messages[1:]]
+        turns = example.messages[example.episode_start :]
+        messages += [m.model_copy(update={"loss": False}) for m in turns]
     return messages
 
 
@@ -292,13 +306,13 @@ def task_list(env: Environment, split, env_settings, seed: int) -> list[str]:
 def few_shot_examples(env: Environment, count: int, max_steps: int = 4) -> list[Trajectory]:
     """The first `count` train tasks whose expert needs at most `max_steps` steps, played out."""
     examples = []
-    system_only = [Message(role="system", content=env.system_prompt)]
+    opening = instruction_part(env)
     for task_id in env.task_ids("train"):
         if len(examples) == count:
             break
         plan = env.expert_plan(task_id)
         if plan and len(plan) <= max_steps:
-            trajectory = expert_trajectory(env, task_id, system_only)
+            trajectory = expert_trajectory(env, task_id, opening)
             if trajectory:
                 examples.append(trajectory)
     return examples

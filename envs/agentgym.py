@@ -37,7 +37,13 @@ from typing import Any
 
 import httpx
 
-from envs.agentgym_expert import TASK_PROMPTS, sciworld_plan, textcraft_mistakes, textcraft_plan
+from envs.agentgym_expert import (
+    PROMPT_ACKNOWLEDGEMENT,
+    TASK_PROMPTS,
+    sciworld_plan,
+    textcraft_mistakes,
+    textcraft_plan,
+)
 from envs.base import Environment, EnvironmentUnavailable, Episode, Split, StepResult
 
 
@@ -436,8 +442,9 @@ class AgentGymEnv(Environment):
     """An AgentGym server family as a Flywheel environment; tasks are the servers' indices.
 
     `train` and `test` are index ranges [start, stop) of the server's task list: AgentGym's
-    servers publish no split, so the user names one. The system prompt is AgentGym's client's
-    own task prompt; TextCraft and SciWorld have an expert, TextCraft an oracle
+    servers publish no split, so the user names one. TextCraft's and SciWorld's prompt is
+    AgentGym's client's own task prompt, sent as its client sends it (the first user turn,
+    answered "OK. ..."); TextCraft and SciWorld have an expert, TextCraft an oracle
     (`envs.agentgym_expert`), both read from a task's first answer, kept per task.
     """
 
@@ -457,6 +464,8 @@ class AgentGymEnv(Environment):
         self.splits = {"train": range(*train), "test": range(*test)}
         self.pool = ServerPool(servers, self.dialect, client or ClientSettings())
         self.system_prompt = TASK_PROMPTS.get(dialect, Environment.system_prompt)
+        if dialect in TASK_PROMPTS:  # laid out as AgentGym's client does: a user turn, then "OK"
+            self.prompt_acknowledgement = PROMPT_ACKNOWLEDGEMENT
         self._openings: dict[str, tuple[str, Any]] = {}  # task id -> (instruction, /reset answer)
 
     def check(self) -> None:
@@ -510,6 +519,7 @@ class RemoteEnv(Environment):
         self.name = catalog.name
         self.reward_range = catalog.reward_range
         self.system_prompt = catalog.system_prompt
+        self.prompt_acknowledgement = catalog.prompt_acknowledgement
         self.noop_action = catalog.noop_action
         self.agent_format, self.tool_arguments = catalog.agent_format, catalog.tool_arguments
         self.served_tasks = served_task_ids(catalog)

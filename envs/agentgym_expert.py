@@ -3,9 +3,10 @@ and oracles, for `envs.agentgym.AgentGymEnv`.
 
 Task prompts: the first turn AgentGym's clients send for each environment (agentenv/agentenv/envs/
 textcraft.py, `TextCraftEnvClient.conversation_start`, and sciworld.py, `SciWorldAdapter`'s ReAct
-conversation start, at WooooDyy/AgentGym 3ef9235), word for word. AgentGym sends it as the first
-user turn, answered "OK. ..."; the project sends it as the system message, and its ETO export
-(`agents.eto_format.write_eto_sft`) writes it back as that user turn and an "OK".
+conversation start, at WooooDyy/AgentGym 3ef9235), word for word, and laid out as AgentGym's
+clients lay it out: no system message; the prompt is the first user turn, answered by the assistant
+with `PROMPT_ACKNOWLEDGEMENT` (no loss), and the task's first observation is the next user turn
+(`Environment.prompt_acknowledgement`, `agents.rollout.instruction_part`).
 
 Experts, where the game behind the server is one the project plays:
 - TextCraft: the project's planner (`envs.textcraft_expert.solve`) on the server's own task text,
@@ -87,6 +88,8 @@ def _sciworld_prompt() -> str:
 
 SCIWORLD_PROMPT = _sciworld_prompt()
 TASK_PROMPTS = {"textcraft": TEXTCRAFT_PROMPT, "sciworld": SCIWORLD_PROMPT}
+# The assistant turn AgentGym's TextCraft and SciWorld clients put after their task prompt.
+PROMPT_ACKNOWLEDGEMENT = "OK. I'll follow your instructions and try my best to solve the task."
 # AgentGym's SciWorld server loads every task without simplifications.
 SCIWORLD_SIMPLIFICATION = ""
 

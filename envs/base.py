@@ -73,6 +73,10 @@ class Environment(ABC):
     reward_range: tuple[float, float] = (0.0, 1.0)
     # What the agent is told once, as the system message: the task family and its actions.
     system_prompt: str = "Solve the task. Reply with 'Thought: ...' then 'Action: ...'."
+    # When set, `system_prompt` is not sent as a system message but as the conversation's first
+    # user turn, answered by an assistant turn with this text (without loss), before the task's
+    # first observation: AgentGym's clients' layout (`agents.rollout.instruction_part`).
+    prompt_acknowledgement: str | None = None
     # An action that changes nothing. Agent-R's revision turn takes it, so a revised trajectory
     # is still a sequence of steps the environment really answered.
     noop_action: str = "wait"

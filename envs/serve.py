@@ -411,7 +411,12 @@ def _answer(call, *args) -> tuple[int, Any]:
 
 class LocalServer:
     """`python -m envs.serve ARGS` as a child process on a loopback port (a free one unless
-    given), ready when constructed: for benchmarks, tests and single-machine fan-out."""
+    given), ready when constructed: for benchmarks, tests and single-machine fan-out.
+
+    Ready means `GET /` answers, which the server does only once its environment is built: for
+    ScienceWorld after a Java process has started and listed the tasks (about 2 s on idle cores;
+    measured 30 s to 3 minutes on 2 cores at load 7 to 9, for 3.5 CPU-seconds).
+    """
 
     def __init__(self, *args: str, port: int | None = None, ready_timeout_s: float = 120) -> None:
         import socket
@@ -423,6 +428,8 @@ class LocalServer:
                 probe.bind(("127.0.0.1", 0))
                 port = probe.getsockname()[1]
         self.args, self.port, self.url = args, port, f"http://127.0.0.1:{port}"
+        self.ready_timeout_s = ready_timeout_s
+        self.ready_after_s: float | None = None  # how long it took to answer, once it has
         self.process = subprocess.Popen(
             [sys.executable, "-m", "envs.serve", *args, "--port", str(port)],
             stdout=subprocess.PIPE,
@@ -434,17 +441,23 @@ class LocalServer:
     def _wait_ready(self, timeout_s: float) -> None:
         import httpx
 
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        started = time.monotonic()
+        while time.monotonic() < started + timeout_s:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server {self.args} exited: {self.process.stdout.read()}")
             try:
                 httpx.get(f"{self.url}/", timeout=1).raise_for_status()  # needs no token
+                self.ready_after_s = time.monotonic() - started
                 return
             except httpx.HTTPError:
                 time.sleep(0.2)
         self.kill()
-        raise TimeoutError(f"server {self.args} did not come up in {timeout_s} s")
+        output = self.process.stdout.read().strip() or "(nothing)"
+        raise TimeoutError(
+            f"server {self.args} did not answer GET {self.url}/ within {timeout_s:g} s (it "
+            "answers once its environment is built; ScienceWorld's starts a Java process, which "
+            f"takes minutes on busy cores: give ready_timeout_s more). Its output: {output[-2000:]}"
+        )
 
     def kill(self) -> None:
         """SIGKILL: no goodbye to the clients, as when a machine dies."""
@@ -453,7 +466,7 @@ class LocalServer:
 
     def restart(self) -> None:
         self.kill()
-        self.__init__(*self.args, port=self.port)
+        self.__init__(*self.args, port=self.port, ready_timeout_s=self.ready_timeout_s)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

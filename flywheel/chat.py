@@ -59,7 +59,8 @@ class ChatTokenizer:
 
     Assumes the template renders each message on its own once the first message is a system
     message (true of ChatML templates such as SmolLM2's); the constructor checks it and refuses
-    templates that are not.
+    templates that are not. A conversation that opens with a user turn instead (AgentGym's
+    layout) is rendered with the template's own opening before it, where the template allows.
     """
 
     def __init__(self, tokenizer):
@@ -81,6 +82,11 @@ class ChatTokenizer:
         ]
         if self._render(sample) != base + "".join(self._chunk_text(m) for m in sample[1:]):
             raise ValueError("chat template does not render messages independently")
+        # A conversation may also open with a user turn (AgentGym's layout: the task prompt as the
+        # first user turn): the template then renders its own default opening (ChatML templates:
+        # their default system message) before it, and the later turns as they would anyway.
+        opened = self._render(sample[1:2])
+        self.user_first = self._render(sample[1:]) == opened + self._chunk_text(sample[2])
         self.header_ids = self._encode(self.generation_header)
         self.turn_end_ids = self._encode(self.turn_end)
         self.eos_ids = {
@@ -112,8 +118,13 @@ class ChatTokenizer:
             return ids, mask + [end_flag] * len(self.turn_end_ids)
         as_dict = {"role": message.role, "content": message.content}
         text = self._render([as_dict]) if first else self._chunk_text(as_dict)
-        if first and message.role != "system":
-            raise ValueError("a conversation must start with a system message")
+        if first and message.role == "assistant":
+            raise ValueError("a conversation must start with a system or user message")
+        if first and message.role == "user" and not self.user_first:
+            raise ValueError(
+                "this chat template does not render a conversation that opens with a user turn "
+                "message by message; start it with a system message"
+            )
         ids = self._encode(text)
         if message.role != "assistant" or not message.loss:
             return ids, [0] * len(ids)

@@ -32,6 +32,15 @@ class Message(BaseModel):
     reward: float | None = None
 
 
+def opening_length(messages: list[Message]) -> int:
+    """How many messages open a conversation, before any worked example or episode: the system
+    message (1), or, in AgentGym's clients' layout, the task prompt as a user turn and the
+    assistant's acknowledgement of it (2)."""
+    if len(messages) > 1 and messages[0].role == "user" and messages[1].role == "assistant":
+        return 2
+    return 1
+
+
 class Trajectory(BaseModel):
     """One episode: the full chat, where the episode's own part starts, and its outcome."""
 
@@ -55,12 +64,14 @@ class Trajectory(BaseModel):
 
     @property
     def prompt(self) -> list[Message]:
-        """System prompt and task instruction, without worked examples.
+        """The opening (`opening_length`: the system prompt, or the task prompt and its "OK")
+        and the task instruction, without worked examples.
 
         Examples help an untrained model at inference; training leaves them out (as ETO does),
         which keeps sequences short.
         """
-        return [self.messages[0], self.messages[self.episode_start]]
+        head = min(opening_length(self.messages), max(self.episode_start, 1))
+        return [*self.messages[:head], self.messages[self.episode_start]]
 
     @property
     def training_messages(self) -> list[Message]:

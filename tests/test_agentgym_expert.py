@@ -12,9 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from agents.rollout import agent_prefix
+from agents.eto_format import write_eto_sft
+from agents.rollout import (
+    RolloutSettings,
+    agent_prefix,
+    expert_trajectory,
+    few_shot_examples,
+    instruction_part,
+    run_batched,
+)
 from envs import make_env
 from envs.agentgym_expert import (
+    PROMPT_ACKNOWLEDGEMENT,
     SCIWORLD_PROMPT,
     TEXTCRAFT_PROMPT,
     readable_items,
@@ -23,12 +32,15 @@ from envs.agentgym_expert import (
     textcraft_plan,
 )
 from envs.serve import LocalServer
-from flywheel.records import Trajectory
+from flywheel.chat import format_reply
+from flywheel.inference import Generation
+from flywheel.records import Message, Trajectory
 from flywheel.settings import EnvSettings, ETOConfig
 from flywheel.stage import StageOutput
 from flywheel.storage import ArtifactStore
 from ops.runner import check_task_lists
 from tasks.expert_data import ExpertDataInputs, expert_data_stage
+from training.datasets import sft_rows
 
 # AgentGym's TextCraft indices: the first and last of its list, and some in between (0 and 12:
 # depth 1, which the project's own TextCraft does not pose; 300, 543: deeper).
@@ -177,3 +189,96 @@ def test_agentgym_sciworld_plans_the_task_its_server_reports():
         server.close()
     assert plan == sciworld_plan(recorded_sciworld_reset(4638)) and plan
     assert env.mistakes("0", [action for _, action in plan]) is None  # no SciWorld oracle
+
+
+# ---- The first turns, as AgentGym's clients lay them out ---------------------------------------
+
+
+class ScriptedReplies:
+    """A backend that answers every prompt with the next of `replies` (one episode at a time)."""
+
+    def __init__(self, tokenizer, replies: list[str]) -> None:
+        self.tokenizer, self.replies = tokenizer, list(replies)
+
+    def generate(self, prompts, sampling):
+        out = []
+        for _ in prompts:
+            reply = self.replies.pop(0)
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
+            out.append(Generation(reply, ids + [self.tokenizer.eos_token_id], "stop"))
+        return out
+
+
+def opens_as_agentgyms_client(trajectory: Trajectory, prompt: str, instruction: str) -> None:
+    """[user: task prompt, assistant: "OK. ...", user: first observation, ...], no system turn,
+    and no loss on the "OK"."""
+    opening = [(m.role, m.content, m.loss) for m in trajectory.messages[:3]]
+    assert opening == [
+        ("user", prompt, False),
+        ("assistant", PROMPT_ACKNOWLEDGEMENT, False),
+        ("user", instruction, False),
+    ]
+    assert trajectory.episode_start == 2 and trajectory.prompt == trajectory.messages[:3]
+    assert all(m.role != "system" for m in trajectory.messages)
+
+
+def test_agentgym_trajectories_open_as_agentgyms_client_does(textcraft_server, chat):
+    """AgentGym's TextCraftEnvClient sends its task prompt as the first user turn, answered "OK.
+    I'll follow your instructions ...", then the observation: expert and policy trajectories on
+    agentgym-textcraft open the same way, and SFT learns nothing of the "OK"."""
+    env = make_env(agentgym_textcraft(textcraft_server))
+    prefix = agent_prefix(env, [])
+    assert prefix == instruction_part(env) and [m.role for m in prefix] == ["user", "assistant"]
+    instruction = env.opening("12")[0]
+    expert = expert_trajectory(env, "12", prefix)
+    opens_as_agentgyms_client(expert, TEXTCRAFT_PROMPT, instruction)
+    assert expert.success and expert.messages[3].loss  # the expert's own turns carry loss
+
+    replies = [format_reply(thought, action) for thought, action in env.expert_plan("12")]
+    backend = ScriptedReplies(chat.tokenizer, replies)
+    [played] = run_batched(env, ["12"], backend, chat, prefix, RolloutSettings(8), False)
+    opens_as_agentgyms_client(played, TEXTCRAFT_PROMPT, instruction)
+    assert played.success and played.finish_reason == "done"
+
+    # Rendered with the model's template as that conversation, message by message; in SFT rows the
+    # prompt, "OK" included, has no loss.
+    [row], _ = sft_rows([expert], chat, 4096)
+    as_dicts = [{"role": m.role, "content": m.content} for m in expert.messages]
+    whole = chat.tokenizer.apply_chat_template(as_dicts, tokenize=False)
+    assert chat.tokenizer.decode(chat.encode(expert.messages)[0]) == whole
+    prompt_ids, prompt_mask = chat.encode(expert.prompt)
+    assert row["input_ids"][: len(prompt_ids)] == prompt_ids and not any(prompt_mask)
+    assert not any(row["assistant_masks"][: len(prompt_ids)]) and any(row["assistant_masks"])
+    ok_text = chat.tokenizer.decode(prompt_ids)
+    assert f"assistant\n{PROMPT_ACKNOWLEDGEMENT}" in ok_text  # the OK turn is in the prompt
+
+    # ETO's export writes the opening as it is (not a second "OK").
+    conversations = write_eto_sft([expert])[0]["conversations"]
+    assert [t["value"] for t in conversations[:3]] == [
+        TEXTCRAFT_PROMPT, PROMPT_ACKNOWLEDGEMENT, instruction
+    ]  # fmt: skip
+
+
+def test_agentgym_few_shot_examples_follow_the_opening(textcraft_server):
+    env = make_env(agentgym_textcraft(textcraft_server, stop=20))
+    [example] = few_shot_examples(env, 1)
+    prefix = agent_prefix(env, [example])
+    assert prefix[:2] == instruction_part(env)
+    assert prefix[2:] == [m.model_copy(update={"loss": False}) for m in example.messages[2:]]
+    assert prefix[2].role == "user" and prefix[2].content == env.opening(example.task_id)[0]
+
+
+def test_other_environments_keep_the_system_prompt():
+    textcraft = make_env("textcraft")
+    assert textcraft.prompt_acknowledgement is None
+    assert agent_prefix(textcraft, []) == [Message(role="system", content=textcraft.system_prompt)]
+    [example] = few_shot_examples(textcraft, 1)
+    prefix = agent_prefix(textcraft, [example])
+    assert prefix[0].role == "system" and prefix[1:] == [
+        m.model_copy(update={"loss": False}) for m in example.messages[1:]
+    ]
+    assert example.prompt == example.messages[:2]
+    servers = {"servers": ["http://127.0.0.1:9"], "agentgym": {"train": (0, 1)}}
+    webshop = make_env(EnvSettings(name="agentgym-webshop", **servers))
+    assert webshop.prompt_acknowledgement is None
+    assert [m.role for m in agent_prefix(webshop, [])] == ["system"]

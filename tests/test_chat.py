@@ -149,10 +149,17 @@ def test_every_message_is_rendered_exactly_and_masked_by_hand():
         + [0] * header + [1] * len("hi") + [1] * len("</s>\n")
     )  # fmt: skip
     assert chat.message_ids(messages[0], first=True) == (codes("<system>S1</s>\n"), [0] * 15)
-    with pytest.raises(ValueError, match="^a conversation must start with a system message$"):
-        chat.message_ids(messages[1], first=True)
-    with pytest.raises(ValueError, match="^a conversation must start with a system message$"):
-        chat.encode(messages[1:])
+    # A conversation may open with a user turn (AgentGym's layout: the task prompt, then "OK"),
+    # rendered as the template renders it; never with an assistant turn.
+    assert chat.encode(messages[1:3]) == (
+        codes("<user>go</s>\n<assistant>ok</s>\n"),
+        [0] * len("<user>go</s>\n<assistant>") + [1] * len("ok</s>\n"),
+    )
+    opening = "^a conversation must start with a system or user message$"
+    with pytest.raises(ValueError, match=opening):
+        chat.message_ids(messages[2], first=True)
+    with pytest.raises(ValueError, match=opening):
+        chat.encode(messages[2:])
     generated = chat.generated_message("hi", codes("hi"), loss=False)
     assert (generated.role, generated.content, generated.loss) == ("assistant", "hi", False)
     assert (generated.token_ids, generated.end_generated) == (codes("hi"), False)
@@ -179,6 +186,23 @@ def test_templates_it_cannot_render_turn_by_turn_are_refused():
     with pytest.raises(ValueError) as error:
         ChatTokenizer(CharTokenizer(numbered))
     assert str(error.value) == "chat template does not render messages independently"
+
+
+def test_a_user_first_conversation_is_refused_where_the_template_merges_its_opening():
+    from flywheel.chat import ChatTokenizer
+
+    def merged(messages, add_generation_prompt):  # no system message: the first two share a block
+        if len(messages) > 1 and messages[0]["role"] != "system":
+            first, second, *rest = messages
+            messages = [{"role": "pair", "content": f"{first['content']}|{second['content']}"}]
+            messages += rest
+        return chatml(messages, add_generation_prompt)
+
+    chat = ChatTokenizer(CharTokenizer(merged))
+    assert not chat.user_first and ChatTokenizer(CharTokenizer()).user_first
+    assert chat.encode([Message(role="system", content="S"), Message(role="user", content="go")])
+    with pytest.raises(ValueError, match="opens with a user turn"):
+        chat.encode([Message(role="user", content="go"), Message(role="assistant", content="ok")])
 
 
 def test_parse_reply_limits_actions_to_200_characters_and_names_the_length():

@@ -20,6 +20,7 @@ import gzip
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,54 @@ def test_a_sciworld_episode_ends_as_agentgyms_does(sciworld):
     assert steps[0]["done"] is True
     assert steps[1] == {"error": "The task with environment s0 has finished."}
     Replay(sciworld).check_all(entries)
+
+
+# Our compat SciWorld server as a real process: answering `GET /` waits for a ScienceWorld Java
+# process (the task list), about 2 s on idle cores but 30 s to 3 minutes measured on 2 busy ones
+# (load 7 to 9); its first `/reset` loads a task, 0.5 s idle and up to a minute busy.
+SCIWORLD_READY_S = 600
+SCIWORLD_TASK = "lifespan-longest-lived/2"  # a 4-step gold path
+
+
+@pytest.mark.slow
+def test_a_sciworld_compat_server_process_plays_an_episode_for_flywheels_own_client():
+    """`flywheel serve-env --env scienceworld --compat agentgym` in its own process, driven through
+    `envs.agentgym` (agentgym-sciworld): reset to a data_idx, the task's gold path to score 100."""
+    from envs.agentgym_expert import sciworld_plan
+    from flywheel.settings import EnvSettings
+
+    started = time.monotonic()
+    server = LocalServer(
+        "--env", "scienceworld", "--compat", "agentgym", ready_timeout_s=SCIWORLD_READY_S
+    )
+    try:
+        print(f"SciWorld compat server ready after {server.ready_after_s:.1f} s")
+        import httpx
+
+        data_idx = httpx.get(f"{server.url}/tasks", timeout=60).json().index(SCIWORLD_TASK)
+        settings = EnvSettings(
+            name="agentgym-sciworld",
+            servers=[server.url],
+            agentgym={"train": (data_idx, data_idx + 1), "test": (0, 1)},
+            request_timeout_s=SCIWORLD_READY_S,  # a reset on busy cores takes up to a minute
+        )
+        env = make_env(settings)
+        env.check()
+        episode = env.start(str(data_idx))
+        answer = episode.reset_answer
+        assert (answer["task_name"], answer["var_num"]) == ("lifespan-longest-lived", 2)
+        assert episode.instruction == f"{answer['task_description']}\n{answer['observation']}"
+        assert "longest" in answer["task_description"]
+        plan = sciworld_plan(answer)
+        assert plan == env.expert_plan(str(data_idx)) and len(plan) == 4
+        results = []
+        for _, action in plan:  # the gold path ends with a `wait1` the task may not need
+            results.append(episode.step(action))
+            if results[-1].done:
+                break
+        episode.close()
+    finally:
+        server.kill()
+    assert results[-1].done and not any(r.done for r in results[:-1]) and len(results) >= 3
+    assert sum(r.reward for r in results) == 100.0 and results[-1].reward > 0
+    print(f"episode played {time.monotonic() - started:.1f} s after the server was started")
