@@ -140,7 +140,8 @@ def test_likelihood_critique_gives_every_step_a_verdict_in_lockstep(tree, chat):
     assert from_1.verdicts == ["bad"] and from_1.first_error == 1
     assert from_0.verdicts == ["good", "bad"] and from_0.first_error == 1
     assert from_1.responses == [
-        "Judgement: Bad (log-probabilities: good -4.000, bad -0.500, uncertain -6.000)"
+        "Judgement: Bad (log-probabilities: good -4.000, bad -0.500, uncertain -6.000; "
+        "P(bad) 0.967)"
     ]
     # One score call per step position, three replies for each pair still undecided.
     assert [len(call) for call in backend.calls] == [6, 3]
