@@ -23,6 +23,7 @@ import argparse
 import copy
 import datetime
 import json
+import math
 import platform
 import sys
 import time
@@ -166,6 +167,53 @@ VARIANTS = {
 }
 
 
+def recorded(run: Path, round_no: int) -> None:
+    """The run's critique stage's own (vLLM) scores, from its responses: the verdicts it gave
+    against the highest uncalibrated P(Bad) of each bad path, and the divergence baseline."""
+    import re
+
+    from envs.textcraft import wasted_steps
+
+    round_dir = run / f"round-{round_no}"
+    trees = _records(_path(_manifest(round_dir / "mcts")["files"]["trees"]), SearchTree)
+    by_task = {t.task_id: t for t in trees}
+    pairs = _records(_path(_manifest(round_dir / "paths")["files"]["pairs"]), PathPair)
+    critiques = _records(_path(_manifest(round_dir / "critique")["files"]["critiques"]), Critique)
+    rows, steps = {"as recorded": [], "highest P(Bad)": [], "divergence": []}, []
+    for c in critiques:
+        pair = pairs[c.pair]
+        flags = wasted_steps(
+            pair.task_id, [n.action for n in by_task[pair.task_id].path(pair.bad_leaf)[1:]]
+        )
+        p_bad = []
+        for k, response in enumerate(c.responses):
+            scores = {
+                v: float(x) for v, x in re.findall(r"(good|bad|uncertain) (-?[\d.]+)", response)
+            }
+            top = max(scores.values())
+            p_bad.append(
+                math.exp(scores["bad"] - top) / sum(math.exp(x - top) for x in scores.values())
+            )
+            steps.append((p_bad[-1], flags[c.judged_from + k]))
+        best = c.judged_from + max(range(len(p_bad)), key=lambda i: (p_bad[i], -i))
+        for name, guess in (
+            ("as recorded", c.first_error),
+            ("highest P(Bad)", best),
+            ("divergence", c.judged_from),
+        ):
+            rows[name].append((guess, c.oracle_first_error))
+    n = len(critiques)
+    print(f"| recorded scores, {n} pairs | found | exact | within 1 |\n|---|---|---|---|")
+    for name, got in rows.items():
+        found = sum(g is not None for g, _ in got)
+        exact = sum(g == o for g, o in got)
+        near = sum(g is not None and o is not None and abs(g - o) <= 1 for g, o in got)
+        print(f"| {name} | {found}/{n} | {exact}/{n} | {near}/{n} |")
+    print(
+        f"step AUC of uncalibrated P(Bad): {auc(steps):.2f} (n={len(steps)}, {sum(f for _, f in steps)} wasted)"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", default="/work/main/runs/agent-r-textcraft")
@@ -176,7 +224,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--two-verdicts", action="store_true", help="also good/bad only")
     parser.add_argument("--out", default=None, help="write the table (markdown) here too")
+    parser.add_argument(
+        "--recorded", action="store_true",
+        help="no model: re-rank the run's own critique scores (uncalibrated) by P(Bad)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.recorded:
+        recorded(Path(args.run), args.round)
+        return
 
     from transformers import AutoTokenizer
 
