@@ -485,6 +485,21 @@ class CritiqueSettings(Strict):
             raise ValueError("critique.verdicts must include bad, or no first error is found")
         return verdicts
 
+    # likelihood: contextual calibration (Zhao et al. 2021). "content_free" subtracts from each
+    # verdict's log-probability the one the model gives to the same prompt with the judged step
+    # replaced by "N/A" (its prior for that context), then picks the verdict; "none" does not.
+    calibration: Literal["none", "content_free"] = "none"
+    # Which judged step is the first error: "first_bad", the first step whose verdict is Bad
+    # (Agent-R; judging stops there); "most_bad" (likelihood), every step is judged and the one
+    # with the highest P(Bad) (after calibration, normalised over the verdicts) is the error.
+    locate: Literal["first_bad", "most_bad"] = "first_bad"
+
+    @model_validator(mode="after")
+    def _most_bad_needs_scores(self) -> CritiqueSettings:
+        if self.locate == "most_bad" and self.method != "likelihood":
+            raise ValueError("critique.locate most_bad needs critique.method likelihood")
+        return self
+
 
 class RecipeConfig(Strict):
     """What every recipe run has: where it stores and tracks, its model, environment, inference."""

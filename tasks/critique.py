@@ -10,12 +10,21 @@ likely among "Judgement: Good", "Judgement: Bad" and "Judgement: Uncertain", eac
 log-probability after the prompt: every step gets a verdict, where a 135M model asked to write
 one almost never writes a parsable answer. `generate` keeps the written reply and its parse.
 
+Contextual calibration (`critique.calibration: content_free`, Zhao et al. 2021, "Calibrate before
+use"): a small model prefers one verdict whatever the step (SmolLM2-135M after SFT says Good to
+every step of the Agent-R demo's bad paths). Each verdict's log-probability is then taken relative
+to the one the model gives to the same prompt with the judged step replaced by "N/A", its prior for
+that task and history; the verdict is chosen from these calibrated scores. `critique.locate:
+most_bad` judges every step of the bad path and takes the step with the highest P(Bad) (the
+softmax of the verdicts' scores) as its first error: the bad path failed, so it has one.
+
 Where the environment has an oracle (TextCraft: a step is a mistake when it is wasted), the
 stage reports how often the model's first error is the oracle's.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -37,6 +46,7 @@ VERDICT_MEANINGS = {
     "bad": "bad (it fails, wastes the turn or leads away from the goal)",
     "uncertain": "uncertain",
 }
+CONTENT_FREE = "N/A"  # the judged step's action and observation in the calibration prompt
 ELIDED = " [...] "  # marks the middle cut out of a text too long for the prompt
 MIN_SHORTENED_CHARS = 32  # a text is not cut below this; the prompt is refused instead
 
@@ -76,6 +86,31 @@ def choose_verdict(scores: dict[str, float], margin: float = 0.0) -> str:
     return max(scores, key=scores.__getitem__)
 
 
+def calibrate(scores: dict[str, float], prior: dict[str, float]) -> dict[str, float]:
+    """Each verdict's log-probability minus the model's log-probability of that verdict for the
+    content-free prompt: log(p(v | step) / p(v | N/A)). A verdict the model gives whatever the
+    step loses its head start; one it gives only to this step gains."""
+    if scores.keys() != prior.keys():
+        raise ValueError("calibration needs the prior of every verdict scored")
+    return {v: scores[v] - prior[v] for v in scores}
+
+
+def bad_probability(scores: dict[str, float]) -> float:
+    """P(Bad) among the verdicts scored: the softmax of their log-probabilities."""
+    top = max(scores.values())
+    return math.exp(scores["bad"] - top) / sum(math.exp(s - top) for s in scores.values())
+
+
+def most_likely_error(p_bad: list[float | None], offset: int = 0) -> int | None:
+    """Step index (plus `offset`) of the highest P(Bad), the earliest among equals; None when no
+    step has one."""
+    scored = [(p, i) for i, p in enumerate(p_bad) if p is not None]
+    if not scored:
+        return None
+    best = max(p for p, _ in scored)
+    return offset + min(i for p, i in scored if p == best)
+
+
 def first_error(verdicts: list[str | None], offset: int = 0) -> int | None:
     """Step index (plus `offset`) of the first "bad" verdict, or None."""
     for i, verdict in enumerate(verdicts):
@@ -97,6 +132,13 @@ def verifier_question(settings: CritiqueSettings) -> str:
             f"{', '.join(replies[:-1])} or {replies[-1]}."
         )
     return f"{asked} Answer with one line: {', '.join(replies[:-1])} or {replies[-1]}."
+
+
+def content_free_step(step: TreeNode) -> TreeNode:
+    """The judged step with no content: its action, reply and observation all "N/A"."""
+    return step.model_copy(
+        update={"action": CONTENT_FREE, "reply": CONTENT_FREE, "observation": CONTENT_FREE}
+    )
 
 
 def verifier_messages(
@@ -125,6 +167,7 @@ class _Review:
     at: int  # the step judged next
     verdicts: list[str | None]
     responses: list[str]
+    p_bad: list[float | None]  # per judged step (likelihood), after calibration when on
     decided: bool = False
 
 
@@ -143,7 +186,7 @@ def critique_pairs(
     for i, pair in enumerate(pairs):
         tree = trees[pair.task_id]
         steps = tree.path(pair.bad_leaf)[1:]
-        reviews.append(_Review(i, pair, tree, steps, pair.divergence, [], []))
+        reviews.append(_Review(i, pair, tree, steps, pair.divergence, [], [], []))
     if settings.method == "likelihood":
         judge = _LikelihoodJudge(backend, chat, settings)
     else:
@@ -153,17 +196,24 @@ def critique_pairs(
     active = [r for r in reviews if r.at < len(r.steps)]
     bar = tqdm(total=len(reviews), desc="critique", unit="pair", disable=not progress)
     bar.update(len(reviews) - len(active))
+    calibrated = settings.method == "likelihood" and settings.calibration == "content_free"
+    every_step = settings.locate == "most_bad"
     while active:
         prompts = [_prompt_ids(r, chat, settings, question, room) for r in active]
-        for review, (verdict, response) in zip(active, judge(prompts), strict=True):
+        blanks = None
+        if calibrated:
+            blanks = [_prompt_ids(r, chat, settings, question, room, blank=True) for r in active]
+        judged = judge(prompts, blanks) if calibrated else judge(prompts)
+        for review, (verdict, response, p_bad) in zip(active, judged, strict=True):
             review.verdicts.append(verdict)
             review.responses.append(response)
+            review.p_bad.append(p_bad)
             review.at += 1
-            review.decided = verdict == "bad" or review.at >= len(review.steps)
+            review.decided = (verdict == "bad" and not every_step) or review.at >= len(review.steps)
             bar.update(int(review.decided))
         active = [r for r in active if not r.decided]
     bar.close()
-    return [_critique(r, oracle) for r in reviews]
+    return [_critique(r, oracle, every_step) for r in reviews]
 
 
 class _GenerateJudge:
@@ -174,14 +224,15 @@ class _GenerateJudge:
         self.sampling = SamplingSettings(temperature=0.0, max_tokens=settings.max_tokens)
         self.reply_room = settings.max_tokens
 
-    def __call__(self, prompts: list[list[int]]) -> list[tuple[str | None, str]]:
+    def __call__(self, prompts: list[list[int]]) -> list[tuple[str | None, str, None]]:
         generations = self.backend.generate(prompts, self.sampling)
-        return [(parse_judgement(g.text), g.text) for g in generations]
+        return [(parse_judgement(g.text), g.text, None) for g in generations]
 
 
 class _LikelihoodJudge:
     """Each verdict's reply, ended as a finished turn, is scored after the prompt; one score
-    call covers every prompt and verdict. The response records the scores."""
+    call covers every prompt and verdict (and, calibrated, every content-free prompt). The
+    response records the scores."""
 
     def __init__(self, backend: InferenceBackend, chat: ChatTokenizer, settings: CritiqueSettings):
         self.backend = backend
@@ -196,31 +247,59 @@ class _LikelihoodJudge:
         }
         self.reply_room = max(map(len, self.replies.values())) + 1  # vLLM generates one token
 
-    def __call__(self, prompts: list[list[int]]) -> list[tuple[str | None, str]]:
-        asked = [(p, self.replies[v]) for p in prompts for v in self.verdicts]
+    def __call__(
+        self, prompts: list[list[int]], blanks: list[list[int]] | None = None
+    ) -> list[tuple[str, str, float]]:
+        """`blanks`: each prompt's content-free version; given, the verdicts are calibrated."""
+        everything = prompts + (blanks or [])
+        asked = [(p, self.replies[v]) for p in everything for v in self.verdicts]
         flat = self.backend.score([p for p, _ in asked], [c for _, c in asked])
         n = len(self.verdicts)
+
+        def scores_of(i: int) -> dict[str, float]:
+            return dict(zip(self.verdicts, flat[i * n : (i + 1) * n], strict=True))
+
         judged = []
         for i in range(len(prompts)):
-            scores = dict(zip(self.verdicts, flat[i * n : (i + 1) * n], strict=True))
+            scores = raw = scores_of(i)
+            shown = f"log-probabilities: {_shown(raw)}"
+            if blanks is not None:
+                prior = scores_of(len(prompts) + i)
+                scores = calibrate(raw, prior)
+                shown += f"; content-free: {_shown(prior)}; calibrated: {_shown(scores)}"
             verdict = choose_verdict(scores, self.margin)
-            shown = ", ".join(f"{v} {score:.3f}" for v, score in scores.items())
-            judged.append((verdict, f"{verdict_reply(verdict)} (log-probabilities: {shown})"))
+            p_bad = bad_probability(scores)
+            judged.append(
+                (verdict, f"{verdict_reply(verdict)} ({shown}; P(bad) {p_bad:.3f})", p_bad)
+            )
         return judged
 
 
+def _shown(scores: dict[str, float]) -> str:
+    return ", ".join(f"{v} {score:.3f}" for v, score in scores.items())
+
+
 def _prompt_ids(
-    review: _Review, chat: ChatTokenizer, settings: CritiqueSettings, question: str, room: int
+    review: _Review,
+    chat: ChatTokenizer,
+    settings: CritiqueSettings,
+    question: str,
+    room: int,
+    blank: bool = False,
 ) -> list[int]:
     """The verifier prompt within `room` tokens. The oldest history goes first; then the longest
     of the task, the judged step's observation and its reply (when it had no action) is cut in
-    its middle, so the system message, the task's start and end and the question are kept."""
+    its middle, so the system message, the task's start and end and the question are kept.
+    `blank`: its content-free version, the same task and history with the step "N/A"."""
     history = review.steps[max(0, review.at - settings.history_steps) : review.at]
     instruction = review.tree.nodes[0].observation
     step = review.steps[review.at]
     while True:
         ids, _ = chat.encode(verifier_messages(instruction, history, step, question))
         if len(ids) <= room:
+            if blank:  # shorter than the prompt that fits: the step's text is "N/A"
+                blank_step = content_free_step(step)
+                ids, _ = chat.encode(verifier_messages(instruction, history, blank_step, question))
             return ids + chat.header_ids
         if history:
             history = history[1:]
@@ -250,7 +329,7 @@ def shorten_middle(text: str, chars: int) -> str:
     return text[:head] + ELIDED + text[len(text) - (chars - head) :]
 
 
-def _critique(review: _Review, oracle) -> Critique:
+def _critique(review: _Review, oracle, most_bad: bool = False) -> Critique:
     start = review.pair.divergence
     oracle_first, has_oracle = None, False
     if oracle is not None:
@@ -264,7 +343,11 @@ def _critique(review: _Review, oracle) -> Critique:
         judged_from=start,
         verdicts=review.verdicts,
         responses=review.responses,
-        first_error=first_error(review.verdicts, start),
+        first_error=(
+            most_likely_error(review.p_bad, start)
+            if most_bad
+            else first_error(review.verdicts, start)
+        ),
         oracle_first_error=oracle_first,
         oracle=has_oracle,
     )
@@ -286,6 +369,14 @@ def critique_metrics(critiques: list[Critique]) -> dict[str, float]:
     if with_oracle:
         metrics["first_error_oracle_agreement"] = _share(
             with_oracle, lambda c: c.first_error == c.oracle_first_error
+        )
+        metrics["first_error_oracle_within_1"] = _share(
+            with_oracle,
+            lambda c: (
+                c.first_error is not None
+                and c.oracle_first_error is not None
+                and abs(c.first_error - c.oracle_first_error) <= 1
+            ),
         )
         metrics["oracle_error_found_rate"] = _share(
             with_oracle, lambda c: c.oracle_first_error is not None

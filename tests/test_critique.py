@@ -14,10 +14,13 @@ from flywheel.settings import AgentRConfig, CritiqueSettings, load_config
 from tasks.critique import (
     ELIDED,
     VERDICTS,
+    bad_probability,
+    calibrate,
     choose_verdict,
     critique_metrics,
     critique_pairs,
     first_error,
+    most_likely_error,
     verdict_reply,
     verifier_question,
 )
@@ -140,7 +143,8 @@ def test_likelihood_critique_gives_every_step_a_verdict_in_lockstep(tree, chat):
     assert from_1.verdicts == ["bad"] and from_1.first_error == 1
     assert from_0.verdicts == ["good", "bad"] and from_0.first_error == 1
     assert from_1.responses == [
-        "Judgement: Bad (log-probabilities: good -4.000, bad -0.500, uncertain -6.000)"
+        "Judgement: Bad (log-probabilities: good -4.000, bad -0.500, uncertain -6.000; "
+        "P(bad) 0.967)"
     ]
     # One score call per step position, three replies for each pair still undecided.
     assert [len(call) for call in backend.calls] == [6, 3]
@@ -246,3 +250,91 @@ def test_vllm_scores_are_the_models_log_probabilities_and_every_step_gets_a_verd
         choose_verdict({v: s for v, (_, _, s) in zip(VERDICTS, t, strict=True)}) for t in triples
     ]
     assert sorted(chosen) == sorted(v for c in critiques for v in c.verdicts)
+
+
+def test_calibration_subtracts_the_content_free_prior():
+    """A model that says Good to everything: Good -1, Bad -5 on the step, Good -0.5, Bad -6.5
+    with the step blanked. Raw, Good wins; calibrated, Bad has gained 1.5 nats on its prior and
+    Good lost 0.5: Bad. Adding the prior (the wrong sign) or ignoring it keeps Good."""
+    scores, prior = {"good": -1.0, "bad": -5.0}, {"good": -0.5, "bad": -6.5}
+    calibrated = calibrate(scores, prior)
+    assert calibrated == {"good": -0.5, "bad": 1.5}
+    assert choose_verdict(scores) == "good"
+    assert choose_verdict(calibrated) == "bad"
+    assert choose_verdict({v: scores[v] + prior[v] for v in scores}) == "good"  # wrong sign
+    assert bad_probability(calibrated) == pytest.approx(1 / (1 + math.exp(-2.0)))
+    # A verdict the model gives whatever the step is neutral after calibration: the same scores
+    # as the prior give a tie, a close call.
+    assert choose_verdict(calibrate(prior, prior)) == "uncertain"
+    with pytest.raises(ValueError, match="prior of every verdict"):
+        calibrate(scores, {"good": -0.5})
+
+
+def test_the_most_likely_error_is_the_step_with_the_highest_p_bad():
+    assert most_likely_error([0.1, 0.7, 0.7, 0.2], offset=3) == 4  # the earliest of equals
+    assert most_likely_error([None, 0.2]) == 1
+    assert most_likely_error([]) is None and most_likely_error([None]) is None
+
+
+class BiasedScorer(ScriptedScorer):
+    """A judge biased to Good: every step, blank or not, scores Good 4 nats above the scripted
+    scores; the blank step ("N/A") has the scripted "look" scores (Good and Bad equal) plus the
+    bias. Calibrated, the bias cancels and the scripted verdicts come back."""
+
+    BIAS = {"Good": 4.0, "Bad": 0.0, "Uncertain": 0.0}
+
+    def score(self, prompts, continuations):
+        self.calls.append(list(zip(prompts, continuations, strict=True)))
+        scores = []
+        for prompt, continuation in zip(prompts, continuations, strict=True):
+            judged = self.chat.tokenizer.decode(prompt).split("Step to judge:\nAction: ")[-1]
+            action = judged.split("\n")[0]
+            kind = (
+                "look"
+                if action in ("look", "N/A")
+                else "bad-step"
+                if "z" in action
+                else "good-step"
+            )
+            word = self.chat.tokenizer.decode(continuation)
+            word = word.removeprefix("Judgement: ").removesuffix("<|im_end|>")
+            scores.append(self.SCORES[kind][word] + self.BIAS[word])
+        return scores
+
+
+def test_a_calibrated_critique_finds_the_error_a_biased_judge_calls_good(tree, chat):
+    oracle = {"acacia_boat": [False, True, True]}
+    kwargs = dict(oracle=lambda task_id, actions: oracle[task_id], progress=False)
+    raw_settings = CritiqueSettings(verdicts=["good", "bad"])
+    (raw,) = critique_pairs(
+        [pair(4, 5, 0)], {"acacia_boat": tree}, BiasedScorer(chat), chat, raw_settings, 4096,
+        **kwargs,
+    )  # fmt: skip
+    # Bad leads "get 1 z" by 3.5 nats; the bias gives Good 4: the raw judge calls all Good.
+    assert raw.verdicts == ["good", "good", "good"] and raw.first_error is None
+    backend = BiasedScorer(chat)
+    settings = CritiqueSettings(verdicts=["good", "bad"], calibration="content_free")
+    (calibrated,) = critique_pairs(
+        [pair(4, 5, 0)], {"acacia_boat": tree}, backend, chat, settings, 4096, **kwargs
+    )
+    assert calibrated.verdicts == ["good", "bad"] and calibrated.first_error == 1
+    # Each call scores the prompts, then their content-free versions: the step is "N/A".
+    first_call = backend.calls[0]
+    assert len(first_call) == 4
+    blank = chat.tokenizer.decode(first_call[2][0])
+    assert "Step to judge:\nAction: N/A\nObservation: N/A" in blank
+    assert (
+        blank.split("Step to judge:")[0]
+        == chat.tokenizer.decode(first_call[0][0]).split("Step to judge:")[0]
+    )  # the same task and history
+    assert "content-free: good" in calibrated.responses[1]
+
+    # Adding the prior instead of subtracting it, "get 1 z" would be Good by 4 nats: the test
+    # above fails. Judging every step, the error is the step with the highest calibrated P(Bad)
+    # ("look" ties with its prior: 0.5; "get 1 z": 0.97).
+    every = settings.model_copy(update={"locate": "most_bad"})
+    (most_bad,) = critique_pairs(
+        [pair(4, 5, 0)], {"acacia_boat": tree}, BiasedScorer(chat), chat, every, 4096, **kwargs
+    )
+    assert most_bad.verdicts == ["good", "bad", "uncertain"] and most_bad.first_error == 1
+    assert critique_metrics([most_bad])["first_error_oracle_within_1"] == 1.0
