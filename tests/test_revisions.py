@@ -239,9 +239,15 @@ def test_critique_metrics_on_hand_made_critiques():
         "verdict_bad_rate": 3 / 8,
         "first_error_found_rate": 3 / 5,
         "first_error_oracle_agreement": 2 / 3,
+        # both found an error, at most a step apart: the first only (neither finding one agrees
+        # above, but gives no position to be near)
+        "first_error_oracle_within_1": 1 / 3,
         "oracle_error_found_rate": 2 / 3,
         "oracle_error_at_divergence_rate": 1 / 3,
     }
+    near = critique_metrics([critique(["good", "good", "bad"], 2, oracle_first=1)])
+    far = critique_metrics([critique(["good", "good", "good", "bad"], 3, oracle_first=1)])
+    assert near["first_error_oracle_within_1"] == 1.0 and far["first_error_oracle_within_1"] == 0
     without_oracle = critique_metrics([c for c in critiques if not c.oracle])
     assert "first_error_oracle_agreement" not in without_oracle
     assert critique_metrics([]) == {
