@@ -54,3 +54,37 @@ def test_two_processes_learn_what_one_process_learns(trained, tiny_model_dir):
     apart = max((weights[0][k] - weights[1][k]).abs().max().item() for k in start)
     assert trained > 1e-3  # training moved the weights...
     assert apart < trained / 100  # ...and both runs moved them the same way
+
+
+def test_rl_on_two_processes_learns_what_one_process_learns(tmp_path, tiny_model_dir, chat):
+    """The RL trainer under torchrun: each process trains its share of every optimizer batch
+    (all of them computed the starting pass and advantages), DDP sums the gradients."""
+    from test_rl import colour_group
+
+    from flywheel.settings import RLSettings
+    from tasks.rl import RLInputs, rl_stage
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    data = store.write_records(store.url("group.jsonl"), colour_group(chat))
+    runs = {}
+    for processes in (1, 2):
+        settings = RLSettings(
+            estimator="grpo", learning_rate=1e-3, epochs=2, batch_size=4, kl_beta=0.01,
+            num_processes=processes,
+        )  # fmt: skip
+        inputs = RLInputs(
+            model_url=f"file://{tiny_model_dir}", data_url=data, settings=settings, seed=0
+        )
+        runs[processes] = rl_stage.fn(inputs, StageOutput(store_url=store.root,
+                                                          url=store.url(f"rl-{processes}")))  # fmt: skip
+    one, two = runs[1], runs[2]
+    assert (one.metrics["processes"], two.metrics["processes"]) == (1, 2)
+    assert one.metrics["optimizer_steps"] == two.metrics["optimizer_steps"] == 2
+    assert two.metrics["loss_tokens_trained"] == one.metrics["loss_tokens_trained"]
+    weights = [
+        load_file(store.local_dir(m.files["model"]) / "model.safetensors") for m in (one, two)
+    ]
+    start = load_file(tiny_model_dir / "model.safetensors")
+    trained = max((weights[0][k] - start[k]).abs().max().item() for k in start)
+    apart = max((weights[0][k] - weights[1][k]).abs().max().item() for k in start)
+    assert trained > 1e-4 and apart < trained / 100
