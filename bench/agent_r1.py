@@ -336,7 +336,8 @@ def timed_calls(tool, calls: list, batched: bool) -> tuple[list[float], float, l
 
 def tools_part(args, cfg) -> dict:
     from envs import make_env
-    from envs.tools import PythonTool
+    from envs.qa_env import searchable_text
+    from envs.tools import PythonTool, SearchTool
 
     env = make_env(cfg.env)
     python = PythonTool(env.tool_settings)
@@ -351,10 +352,12 @@ def tools_part(args, cfg) -> dict:
         out["python"][way] = summary(seconds, wall, len(calls))
     out["python"]["workers"] = python.settings.workers
 
-    started = time.perf_counter()
-    search = env.tools("test")["search"]  # the index over the test split's corpus
+    corpus = env.data("test").corpus  # the test split's, as evaluation searches it
+    started = time.perf_counter()  # a fresh index (the environment's may be built already)
+    search = SearchTool(
+        [searchable_text(d) for d in corpus], k=env.settings.search_k, settings=env.tool_settings
+    )
     out["search"]["index_seconds"] = time.perf_counter() - started
-    corpus = env.data("test").corpus
     out["search"]["documents"] = len(corpus)
     # What an agent searches for: the documents' titles (entity names), cycled.
     titles = [d.title for d in corpus]
@@ -489,6 +492,7 @@ def rollout_part(args, cfg) -> dict:
     finally:
         backend.close()
 
+    load_after = os.getloadavg()[0]
     replies = [m for t in trajectories for m in t.messages[t.episode_start :] if m.token_ids]
     means = episode_metric_means(trajectories)
     requests = log.requests
@@ -508,7 +512,7 @@ def rollout_part(args, cfg) -> dict:
         "steps": sum(t.n_steps for t in trajectories),
         "flops": {str(k): v for k, v in flops.items()},
         "flops_per_token": shape.flops_per_token, "parameters": shape.parameters,
-        "cpus": cpus, "load": load,
+        "cpus": cpus, "load": load, "load_after": load_after,
     }  # fmt: skip
 
 
@@ -557,9 +561,20 @@ def rollout_table(r: dict) -> list[str]:
         f"Model: {r['parameters'] / 1e6:.1f}M parameters; attention over the context is not "
         "counted, so the bound is optimistic. vLLM's CPU backend decodes on every core "
         "(flywheel/inference.py). "
-        f"{r['cpus']} CPUs, load average {r['load']:.2f} at the start"
-        + (" (other processes were busy: timings are noisy)." if r["load"] >= 0.5 else "."),
+        f"{r['cpus']} CPUs, load average {r['load']:.2f} at the start, "
+        f"{r.get('load_after', r['load']):.2f} at the end"
+        + (
+            " (other processes were busy: timings are noisy)."
+            if max(r["load"], r.get("load_after", 0)) >= 0.5
+            else "."
+        ),
     ]
+    if any(wall_rate * per_token > f for f in r["flops"].values()):
+        lines.append(
+            "**The decode bound is not valid in this run:** the rollout ran faster than the "
+            "matmul timing allows, so the matmuls were timed while other processes held the "
+            "cores. Re-run on an idle machine."
+        )
     return lines
 
 
