@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-agent-r1 demo-scienceworld test test-fast mutation lint bench bench-mcts bench-env bench-train bench-efficacy services deploy worker
+.PHONY: install demo demo-agent-r demo-agent-r1 demo-scienceworld test test-fast mutation lint bench bench-mcts bench-env bench-train bench-efficacy bench-agent-r1 services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -56,6 +56,11 @@ bench-train: install
 # ETO and Agent-R at a larger budget, 3 seeds (about 2 hours on 2 cores): bench/results-efficacy.md
 bench-efficacy: install
 	$(PY) bench/efficacy.py
+
+# Agent-R1: the five estimators side by side on one warm start (hours on 2 cores), the tools'
+# speed, rollouts with tool calls against the decode bound: bench/results-agent-r1.md
+bench-agent-r1: install
+	$(PY) bench/agent_r1.py
 
 demo-scienceworld: install
 	$(PY) -m flows.eto --config configs/eto_scienceworld.yaml
