@@ -36,9 +36,10 @@ class AgentR1(Recipe):
     name, title, config_class = "agent-r1", "Agent-R1", AgentR1Config
 
     def questions(self) -> list[str]:
-        """The questions RL samples from: every train question (not only the warm start's),
-        in a seeded order, so each round's slice mixes the question types."""
-        questions = list(self.env.task_ids("train"))
+        """The questions RL samples from (`sample.questions`: the warm start's or every train
+        question), in a seeded order, so each round's slice mixes the question types."""
+        every = self.cfg.sample.questions == "all"
+        questions = list(self.env.task_ids("train") if every else self.train_ids)
         random.Random(self.cfg.seed).shuffle(questions)
         return questions
 

