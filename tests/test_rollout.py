@@ -283,6 +283,7 @@ def published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories, clock=(
 
     calls, readings = [], itertools.cycle(clock)
     monkeypatch.setattr(rollout, "open_backend", lambda inference, model_dir, tok: "backend")
+
     def run_batched(*args, samples_per_task):
         calls.append((*args, samples_per_task))
         return trajectories
