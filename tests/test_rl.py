@@ -242,6 +242,15 @@ def write_trajectories(path, trajectories) -> str:
     return str(path)
 
 
+def colour_job(tmp_path, model_dir, chat, settings: RLSettings) -> TrainingJob:
+    """A training job on `colour_group`, written under `tmp_path`."""
+    return TrainingJob(
+        model_dir=str(model_dir), output_dir=str(tmp_path / "model"), max_length=512,
+        data_file=write_trajectories(tmp_path / "group.jsonl", colour_group(chat)),
+        rl=settings.model_dump(mode="json"), seed=0,
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def starting_logprobs(tiny_model_dir, chat):
     return answer_logprobs(tiny_model_dir, chat)
@@ -252,11 +261,7 @@ def test_an_rl_step_moves_the_policy_towards_the_rewarded_answer(
     estimator, tmp_path, tiny_model_dir, chat, starting_logprobs
 ):
     settings = RLSettings(estimator=estimator, learning_rate=1e-3, epochs=2, batch_size=4)
-    job = TrainingJob(
-        model_dir=str(tiny_model_dir), output_dir=str(tmp_path / "model"), max_length=512,
-        data_file=write_trajectories(tmp_path / "group.jsonl", colour_group(chat)),
-        rl=settings.model_dump(mode="json"), seed=0,
-    )  # fmt: skip
+    job = colour_job(tmp_path, tiny_model_dir, chat, settings)
     metrics = rl.train(job)
 
     blue_before, red_before = starting_logprobs
@@ -279,11 +284,7 @@ def test_without_a_kl_term_a_group_baseline_learns_without_the_starting_pass(
     settings = RLSettings(
         estimator=estimator, learning_rate=1e-3, epochs=2, batch_size=4, kl_beta=0.0
     )
-    job = TrainingJob(
-        model_dir=str(tiny_model_dir), output_dir=str(tmp_path / "model"), max_length=512,
-        data_file=write_trajectories(tmp_path / "group.jsonl", colour_group(chat)),
-        rl=settings.model_dump(mode="json"), seed=0,
-    )  # fmt: skip
+    job = colour_job(tmp_path, tiny_model_dir, chat, settings)
     metrics = rl.train(job)
     blue_before, red_before = starting_logprobs
     blue_after, red_after = answer_logprobs(job.output_dir, chat)
