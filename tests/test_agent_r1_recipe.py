@@ -13,7 +13,7 @@ def recipe(tmp_path, **sample) -> AgentR1:
 
 
 def test_rounds_sample_the_warm_starts_questions_in_a_seeded_mixed_order(tmp_path):
-    warm = recipe(tmp_path, tasks_per_round=5)
+    warm = recipe(tmp_path, tasks_per_round=5, questions="warm-start")
     questions = warm.questions()
     assert sorted(questions) == sorted(warm.train_ids) and questions != warm.train_ids
     assert questions == warm.questions()  # the same order every time: rounds take slices of it
@@ -21,7 +21,7 @@ def test_rounds_sample_the_warm_starts_questions_in_a_seeded_mixed_order(tmp_pat
     assert rounds == [questions[:5], questions[5:10]]
 
 
-def test_all_train_questions_when_asked(tmp_path):
-    every = recipe(tmp_path, questions="all")
+def test_all_train_questions_by_default(tmp_path):
+    every = recipe(tmp_path)  # the default
     assert sorted(every.questions()) == sorted(every.env.task_ids("train"))
     assert len(every.questions()) == 330 > len(every.train_ids)
