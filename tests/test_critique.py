@@ -118,16 +118,25 @@ class ScriptedScorer:
     def generate(self, prompts, sampling):
         raise AssertionError("the likelihood critique generates nothing")
 
+    LOOK_ALIKE = ("look",)  # actions scored as "look": the judge cannot tell
+    BIAS = {"Good": 0.0, "Bad": 0.0, "Uncertain": 0.0}  # added to every score
+
     def score(self, prompts, continuations):
         self.calls.append(list(zip(prompts, continuations, strict=True)))
         scores = []
         for prompt, continuation in zip(prompts, continuations, strict=True):
             judged = self.chat.tokenizer.decode(prompt).split("Step to judge:\nAction: ")[-1]
             action = judged.split("\n")[0]
-            kind = "look" if action == "look" else "bad-step" if "z" in action else "good-step"
+            kind = (
+                "look"
+                if action in self.LOOK_ALIKE
+                else "bad-step"
+                if "z" in action
+                else "good-step"
+            )
             reply = self.chat.tokenizer.decode(continuation)
             word = reply.removeprefix("Judgement: ").removesuffix("<|im_end|>")
-            scores.append(self.SCORES[kind][word])
+            scores.append(self.SCORES[kind][word] + self.BIAS[word])
         return scores
 
 
@@ -282,24 +291,7 @@ class BiasedScorer(ScriptedScorer):
     bias. Calibrated, the bias cancels and the scripted verdicts come back."""
 
     BIAS = {"Good": 4.0, "Bad": 0.0, "Uncertain": 0.0}
-
-    def score(self, prompts, continuations):
-        self.calls.append(list(zip(prompts, continuations, strict=True)))
-        scores = []
-        for prompt, continuation in zip(prompts, continuations, strict=True):
-            judged = self.chat.tokenizer.decode(prompt).split("Step to judge:\nAction: ")[-1]
-            action = judged.split("\n")[0]
-            kind = (
-                "look"
-                if action in ("look", "N/A")
-                else "bad-step"
-                if "z" in action
-                else "good-step"
-            )
-            word = self.chat.tokenizer.decode(continuation)
-            word = word.removeprefix("Judgement: ").removesuffix("<|im_end|>")
-            scores.append(self.SCORES[kind][word] + self.BIAS[word])
-        return scores
+    LOOK_ALIKE = ("look", "N/A")
 
 
 def test_a_calibrated_critique_finds_the_error_a_biased_judge_calls_good(tree, chat):
