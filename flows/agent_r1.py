@@ -25,6 +25,7 @@ import sys
 from prefect import flow
 
 from agents.rollout import agent_prefix, few_shot_examples
+from flywheel.records import Manifest
 from flywheel.settings import AgentR1Config
 from ops.driver import Recipe, RoundResult, RoundState, run_all_rounds, run_next_round
 from ops.runner import cli_main
@@ -45,28 +46,43 @@ class AgentR1(Recipe):
 
     def start(self) -> RoundResult:
         """The solver's trajectories on the train questions, and the warm start: SFT on them."""
+        untrained, policy = self.warm_start()
+        return RoundResult(policy=policy.files["model"], evaluations=[untrained])
+
+    def warm_start(self, evaluate_untrained: bool = True) -> tuple[tuple | None, Manifest]:
+        """The untrained model's evaluation (with worked examples) and the warm start."""
         cfg = self.cfg
         base, solver = self.base_model(), self.expert_trajectories()
-        examples = agent_prefix(self.env, few_shot_examples(self.env, cfg.env.few_shot))
-        untrained = self.evaluate("untrained", base.files["model"], examples)
+        untrained = None
+        if evaluate_untrained:
+            examples = agent_prefix(self.env, few_shot_examples(self.env, cfg.env.few_shot))
+            untrained = self.evaluate("untrained", base.files["model"], examples)
         policy = self.sft(
             "warm-start", base.files["model"], solver.files["trajectories"], cfg.sft, "sft"
         )
-        return RoundResult(policy=policy.files["model"], evaluations=[untrained])
+        return untrained, policy
+
+    def sample(
+        self, policy: str, task_ids: list[str], seed: int, path: str, label: str
+    ) -> Manifest:
+        """A group of `sample.samples_per_task` episodes per question, with log-probabilities."""
+        cfg = self.cfg
+        return sample_stage(
+            ExploreInputs(
+                model_url=policy, env=cfg.env, task_ids=task_ids, prefix=self.prefix,
+                inference=cfg.inference, temperature=cfg.sample.temperature,
+                max_steps=cfg.env.max_steps, seed=seed,
+                samples_per_task=cfg.sample.samples_per_task, logprobs=True,
+            ),
+            self.out(path, label),
+        )  # fmt: skip
 
     def round(self, state: RoundState) -> RoundResult:
         """Sample a group of episodes per train question with the policy → RL update."""
         cfg, n = self.cfg, state.round
-        sampled = sample_stage(
-            ExploreInputs(
-                model_url=state.policy, env=cfg.env,
-                task_ids=cfg.sample.tasks_for_round(self.questions(), n), prefix=self.prefix,
-                inference=cfg.inference, temperature=cfg.sample.temperature,
-                max_steps=cfg.env.max_steps, seed=cfg.seed + n * 1000,
-                samples_per_task=cfg.sample.samples_per_task, logprobs=True,
-            ),
-            self.out(f"round-{n}/sample", f"round-{n}"),
-        )  # fmt: skip
+        task_ids = cfg.sample.tasks_for_round(self.questions(), n)
+        seed = cfg.seed + n * 1000
+        sampled = self.sample(state.policy, task_ids, seed, f"round-{n}/sample", f"round-{n}")
         self.log_curve(sampled.metrics, n, "rollout")
         if sampled.metrics.get("zero_variance_groups", 1.0) >= 1.0:
             return RoundResult(
@@ -76,15 +92,16 @@ class AgentR1(Recipe):
                     "questions."
                 ]
             )
-        policy = rl_stage(
-            RLInputs(
-                model_url=state.policy, data_url=sampled.files["trajectories"],
-                settings=cfg.rl, seed=cfg.seed + n,
-            ),
-            self.out(f"round-{n}/rl", f"round-{n}"),
-        )  # fmt: skip
-        self.log_curve(policy.metrics, n, "train")
+        policy = self.rl(state.policy, sampled.files["trajectories"], n, f"round-{n}")
         return RoundResult(policy=policy.files["model"])
+
+    def rl(self, policy: str, data_url: str, n: int, folder: str) -> Manifest:
+        """One RL update of `policy` on the trajectories at `data_url` (`folder`/rl)."""
+        cfg = self.cfg
+        inputs = RLInputs(model_url=policy, data_url=data_url, settings=cfg.rl, seed=cfg.seed + n)
+        trained = rl_stage(inputs, self.out(f"{folder}/rl", folder))
+        self.log_curve(trained.metrics, n, "train")
+        return trained
 
     def policy_label(self, round_no: int) -> str:
         return "warm-start" if round_no == 0 else f"rl-round-{round_no}"

@@ -605,12 +605,10 @@ class SampleSettings(RoundSlices):
     temperature: float = Field(default=1.0, gt=0)  # the RL trainer's log-probs assume this too
 
 
-class AgentR1Config(RecipeConfig):
-    """One Agent-R1 run on a tool environment: a warm start (SFT on the scripted solver's tool
-    trajectories, so a small model follows the call format), then `rounds` of sample groups →
-    RL update, every policy evaluated on the held-out questions."""
+class ToolRecipeConfig(RecipeConfig):
+    """A recipe that trains a tool-using agent on the QA environment (Agent-R1, ET-Agent): a warm
+    start on the scripted solver's tool trajectories, then rounds of sampled groups → RL."""
 
-    run_name: str = "agent-r1-qa"
     env: EnvSettings = Field(default_factory=lambda: EnvSettings(name="qa", max_steps=8))
     sample: SampleSettings = Field(default_factory=SampleSettings)
     rl: RLSettings = Field(default_factory=RLSettings)
@@ -624,11 +622,11 @@ class AgentR1Config(RecipeConfig):
         return data
 
     @model_validator(mode="after")
-    def _tool_environment(self) -> AgentR1Config:
+    def _tool_environment(self):
         if self.env.name != "qa":
             raise ValueError(
-                f"env.name={self.env.name!r}: Agent-R1 trains tool-using agents; set env.name=qa "
-                "(search and python tools; env.qa.source picks the questions)"
+                f"env.name={self.env.name!r}: this recipe trains tool-using agents; set "
+                "env.name=qa (search and python tools; env.qa.source picks the questions)"
             )
         if self.rl.temperature != self.sample.temperature:
             raise ValueError(
@@ -637,6 +635,32 @@ class AgentR1Config(RecipeConfig):
                 "distribution the episodes were sampled from; set both to the same value"
             )
         return self
+
+
+class AgentR1Config(ToolRecipeConfig):
+    """One Agent-R1 run on a tool environment: a warm start (SFT on the scripted solver's tool
+    trajectories, so a small model follows the call format), then `rounds` of sample groups →
+    RL update, every policy evaluated on the held-out questions."""
+
+    run_name: str = "agent-r1-qa"
+
+
+class CalibrationSettings(Strict):
+    """ET-Agent's behaviour calibration: which sampled groups an RL update trains on (group-wise
+    Pareto sampling) and the efficiency reward they earn (`training/efficiency.py`)."""
+
+    # Groups Pareto sampling keeps at most per iteration (before the mixed-result filter);
+    # None: half the sampled groups.
+    budget: int | None = Field(default=None, ge=1)
+    sigma_tool: float = Field(default=0.2, ge=0)  # sharpness of the tool-call factor
+    sigma_length: float = Field(default=0.5, ge=0)  # sharpness of the length factor
+    # Correctness in the reward and in the Pareto objectives: token F1 (the paper's for QA) or
+    # exact match; a rollout above `success_threshold` is a success.
+    correctness: Literal["f1", "exact_match"] = "f1"
+    success_threshold: float = Field(default=0.8, ge=0, lt=1)
+    # Sample → select → RL iterations per curriculum stage; both sigmas fall linearly to 0 over
+    # them and start again at the next stage.
+    iterations: int = Field(default=1, ge=1)
 
 
 def apply_override(data: dict, assignment: str) -> None:
@@ -719,3 +743,18 @@ def validate_config(model: type[Strict], data: dict) -> Strict:
             field = ".".join(str(p) for p in problem["loc"]) or "(top level)"
             lines.append(f"  {field}: {problem['msg']}")
         raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
+
+
+class ETAgentConfig(ToolRecipeConfig):
+    """One ET-Agent run on a tool environment: the warm start (SFT on the solver's tool
+    trajectories), the data flywheel on train questions and SFT on its correct trajectories (the
+    RFT policy), then `rounds` curriculum stages of behaviour-calibration RL: groups sampled →
+    Pareto-selected → efficiency-rewarded → RL, each stage from the last one's policy."""
+
+    run_name: str = "et-agent-qa"
+    rounds: int = Field(default=2, ge=0)  # curriculum stages
+    # Train questions the flywheel rolls out and evolves (a seeded slice of all of them).
+    flywheel_tasks: int = Field(default=64, ge=1)
+    rft: SFTSettings = Field(default_factory=SFTSettings)  # SFT on the flywheel's trajectories
+    sample: SampleSettings = Field(default_factory=lambda: SampleSettings(samples_per_task=8))
+    calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
