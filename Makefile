@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-agent-r1 demo-scienceworld test test-fast mutation lint bench bench-mcts bench-env bench-train bench-efficacy bench-agent-r1 services deploy worker
+.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast mutation lint bench bench-mcts bench-env bench-train bench-efficacy bench-agent-r1 services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -20,6 +20,14 @@ demo-agent-r: install
 
 demo-agent-r1: install
 	$(PY) -m flows.agent_r1 --config configs/agent_r1_qa.yaml
+
+demo-et-agent: install
+	$(PY) -m flows.et_agent --config configs/et_agent_qa.yaml
+
+# the same samples and budget, plain GRPO on every group with the QA reward (the comparison)
+demo-et-agent-grpo: install
+	$(PY) -m flows.et_agent --config configs/et_agent_qa.yaml run_name=et-agent-qa-grpo \
+	  calibration.method=plain
 
 # Both tiers, the fast one first: a broken rule fails in minutes, before vLLM and trainers start.
 test: install
@@ -79,7 +87,7 @@ deploy: install
 	PREFECT_API_URL=$(PREFECT_URL) FLYWHEEL_HOME=$(CURDIR) .venv/bin/prefect --no-prompt deploy \
 	  --prefect-file deployments/prefect.yaml --name eto-campaign-textcraft \
 	  --name agent-r-campaign-textcraft --name eto-textcraft --name agent-r-textcraft \
-	  --name agent-r1-qa --name eto-scienceworld
+	  --name agent-r1-qa --name et-agent-qa --name eto-scienceworld
 
 worker: install
 	PREFECT_API_URL=$(PREFECT_URL) MLFLOW_TRACKING_URI=$(MLFLOW_URL) FLYWHEEL_MLFLOW_UI=$(MLFLOW_URL) \

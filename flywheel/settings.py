@@ -649,6 +649,9 @@ class CalibrationSettings(Strict):
     """ET-Agent's behaviour calibration: which sampled groups an RL update trains on (group-wise
     Pareto sampling) and the efficiency reward they earn (`training/efficiency.py`)."""
 
+    # "efficiency": ET-Agent's selection and reward; "plain": every sampled group with the
+    # environment's own reward (Agent-R1's GRPO on the same samples: the comparison).
+    method: Literal["efficiency", "plain"] = "efficiency"
     # Groups Pareto sampling keeps at most per iteration (before the mixed-result filter);
     # None: half the sampled groups.
     budget: int | None = Field(default=None, ge=1)

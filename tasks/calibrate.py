@@ -19,7 +19,7 @@ from flywheel.records import Trajectory
 from flywheel.settings import CalibrationSettings
 from flywheel.stage import StageResult, StageRun, stage
 from training.efficiency import decayed_sigma, efficiency_rewards
-from training.pareto import RolloutGroup, select_groups
+from training.pareto import GroupSelection, RolloutGroup, select_groups
 
 
 class CalibrateInputs(BaseModel):
@@ -88,6 +88,8 @@ def calibrate_stage(inputs: CalibrateInputs, run: StageRun) -> StageResult:
     reason in `selection.json`."""
     settings = inputs.settings
     groups = groups_of(run.store.read_records(inputs.data_url, Trajectory))
+    if settings.method == "plain":
+        return every_group(groups, run)
     budget = settings.budget or max(1, len(groups) // 2)
     selection = select_groups(
         rolled_groups(groups, settings.correctness), budget, settings.success_threshold
@@ -104,5 +106,26 @@ def calibrate_stage(inputs: CalibrateInputs, run: StageRun) -> StageResult:
             "sigma_tool": sigmas[0],
             "sigma_length": sigmas[1],
             "mean_reward": sum(t.reward for t in kept) / len(kept) if kept else 0.0,
+        },
+    )
+
+
+def every_group(groups: dict[str, list[Trajectory]], run: StageRun) -> StageResult:
+    """The comparison: all groups with the environment's rewards, as plain GRPO trains."""
+    episodes = [t for g in groups.values() for t in g]
+    url = run.store.write_records(run.file("trajectories.jsonl"), episodes)
+    reasons = {
+        g: "kept: plain GRPO trains on every group (calibration.method=plain)" for g in groups
+    }
+    selection = GroupSelection(kept=list(groups), dropped=[], reasons=reasons)
+    return StageResult(
+        files={
+            "trajectories": url,
+            "selection": run.store.write_json(run.file("selection.json"), selection.model_dump()),
+        },
+        counts={"groups": len(groups), "kept_groups": len(groups), "episodes": len(episodes)},
+        metrics={
+            "kept_group_share": 1.0,
+            "mean_reward": sum(t.reward for t in episodes) / len(episodes) if episodes else 0.0,
         },
     )

@@ -83,3 +83,13 @@ def test_episodes_without_a_group_are_refused(tmp_path):
     lone = episode("g", 1.0, 1, 10).model_copy(update={"group_id": None})
     with pytest.raises(ValueError, match="samples_per_task"):
         calibrate(tmp_path, [lone])
+
+
+def test_plain_keeps_every_group_and_its_reward(tmp_path):
+    manifest, kept, selection = calibrate(tmp_path, GROUPS, method="plain", budget=1)
+    assert [t.reward for t in kept] == [0.5] * 9
+    assert manifest.counts["kept_groups"] == 3 and set(selection["kept"]) == {
+        "mixed",
+        "wrong",
+        "right",
+    }
