@@ -4,7 +4,14 @@ import pytest
 
 from flows.eto import main
 from flywheel.inference import SamplingSettings
-from flywheel.settings import AgentR1Config, AgentRConfig, ConfigError, ETOConfig, load_config
+from flywheel.settings import (
+    AgentR1Config,
+    AgentRConfig,
+    ConfigError,
+    ETAgentConfig,
+    ETOConfig,
+    load_config,
+)
 from flywheel.stage import StageOutput, StageRun
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,12 +23,13 @@ SMOLLM2_LAYERS = 30  # SmolLM2-135M, the model every shipped config trains
 @pytest.mark.parametrize(
     "name, model",
     [("eto_textcraft", ETOConfig), ("eto_scienceworld", ETOConfig),
-     ("agent_r_textcraft", AgentRConfig), ("agent_r1_qa", AgentR1Config)],
+     ("agent_r_textcraft", AgentRConfig), ("agent_r1_qa", AgentR1Config),
+     ("et_agent_qa", ETAgentConfig)],
 )  # fmt: skip
 def test_shipped_configs_validate_and_freeze_fewer_layers_than_the_model_has(name, model):
     cfg = load_config(model, str(ROOT / "configs" / f"{name}.yaml"))
     trainers = {ETOConfig: ["sft", "dpo"], AgentRConfig: ["sft", "revision_sft"],
-                AgentR1Config: ["sft", "rl"]}[model]  # fmt: skip
+                AgentR1Config: ["sft", "rl"], ETAgentConfig: ["sft", "rft", "rl"]}[model]  # fmt: skip
     trainers = [getattr(cfg, name) for name in trainers]
     assert all(0 < t.frozen_layers < SMOLLM2_LAYERS for t in trainers), name
 
