@@ -125,3 +125,21 @@ def task_states(flow_state_or_id) -> dict[str, list[str]]:
             continue  # the task run Prefect makes for the subflow call
         states.setdefault(run.name.rsplit("-", 1)[0], []).append(run.state.name)
     return states
+
+
+def tiny_tool_recipe(run_name: str, root: Path, **sections) -> dict:
+    """The smallest Agent-R1 / ET-Agent run on the tiny model (3 train, 2 test questions, groups
+    of 2 on 2 questions): the config the tool recipes' flow tests and benches share. `sections`
+    are added or replace whole sections."""
+    return {
+        "run_name": run_name,
+        "storage_url": str(root / "store"),
+        "mlflow_tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
+        "model": {"base": "tiny"},
+        "env": {"train_tasks": 3, "test_tasks": 2, "max_steps": 2, "few_shot": 0},
+        "inference": {"max_tokens": 16, "kv_cache_gib": 1, "max_model_len": 2048},
+        "rounds": 1,
+        "sft": {"epochs": 1, "batch_size": 2, "max_length": 2048},
+        "sample": {"tasks_per_round": 2, "samples_per_task": 2},
+        **sections,
+    }

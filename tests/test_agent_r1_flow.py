@@ -10,7 +10,7 @@ from a scripted model that answers right in one sample of each pair and wrong in
 from __future__ import annotations
 
 import pytest
-from conftest import task_states
+from conftest import task_states, tiny_tool_recipe
 from mlflow.tracking import MlflowClient
 from test_qa_rollout import ScriptedQABackend, solver_replies
 
@@ -75,17 +75,7 @@ def test_sampled_groups_train_through_the_rl_stage(tmp_path, tiny_model_dir, cha
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("agent-r1")
-    config = {
-        "run_name": "agent-r1-tiny",
-        "storage_url": str(root / "store"),
-        "mlflow_tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
-        "model": {"base": "tiny"},
-        "env": {"train_tasks": 3, "test_tasks": 2, "max_steps": 2, "few_shot": 0},
-        "inference": {"max_tokens": 16, "kv_cache_gib": 1, "max_model_len": 2048},
-        "rounds": 1,
-        "sft": {"epochs": 1, "batch_size": 2, "max_length": 2048},
-        "sample": {"tasks_per_round": 2, "samples_per_task": 2},
-    }
+    config = tiny_tool_recipe("agent-r1-tiny", root)
     state = agent_r1(config=config, return_state=True)
     release_vllm()
     return {"config": config, "state": state}

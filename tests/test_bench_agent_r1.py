@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import tiny_tool_recipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
@@ -81,17 +82,8 @@ def test_help_explains_the_parts(capsys):
 def test_two_estimators_share_the_warm_start_then_the_rollout_part(tmp_path, tiny_model_dir):
     """The tiny random model never answers, so its groups carry no reward variance: each run
     stops before the RL update and says so; the second run recomputes nothing."""
-    config = {
-        "run_name": "bench-tiny",
-        "mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-        "model": {"base": "tiny"},
-        "env": {"train_tasks": 3, "test_tasks": 2, "max_steps": 2, "few_shot": 0},
-        "inference": {"max_tokens": 16, "kv_cache_gib": 1, "max_model_len": 2048},
-        "rounds": 1,
-        "sft": {"epochs": 1, "batch_size": 2, "max_length": 2048},
-        "sample": {"tasks_per_round": 2, "samples_per_task": 2},
-        "rl": {"batch_size": 2, "max_length": 2048},
-    }
+    config = tiny_tool_recipe("bench-tiny", tmp_path, rl={"batch_size": 2, "max_length": 2048})
+    del config["storage_url"]  # the bench's --out decides
     config_file = tmp_path / "tiny.yaml"
     config_file.write_text(yaml.safe_dump(config))
     out = tmp_path / "results.md"
