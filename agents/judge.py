@@ -49,8 +49,10 @@ ASK = {
         "'Reason: <one sentence>'."
     ),
 }
-# The last labelled step number (a judge that reasons first may name other steps on the way).
-_STEP = re.compile(r"\bstep\s*(?:number\s*)?[:#]?\s*\**\s*(\d+|none)\b", re.IGNORECASE)
+# The last labelled step number ("Step: 3", "**Step:** 3") before the reason: a judge that
+# reasons first names other steps on the way ("Step 1 is fine"), and its reason may name the
+# step the redundant one repeats ("Reason: it repeats step 1").
+_STEP = re.compile(r"\bstep\s*(?:number\s*)?[:#]\s*\**\s*(\d+|none)\b", re.IGNORECASE)
 _REASON = re.compile(r"\breason\s*:\s*(.+)", re.IGNORECASE | re.S)
 
 
@@ -148,11 +150,11 @@ RULES = {"redundant": rule_redundant_step, "flaw": rule_first_flaw}
 def parse_step(text: str, steps: int, allow_none: bool) -> tuple[int | None, str] | None:
     """(0-based step or None, reason) from a judge's reply; None when it names no usable step
     (no number, a number outside 1..steps, or "none" where a step must be named)."""
-    found = _STEP.findall(text)
+    reason_match = _REASON.search(text)
+    found = _STEP.findall(text[: reason_match.start()] if reason_match else text)
     if not found:
         return None
     named = found[-1].lower()
-    reason_match = _REASON.search(text)
     reason = (reason_match.group(1) if reason_match else text).strip().splitlines()[0][:300]
     if named == "none":
         return (None, reason) if allow_none else None

@@ -58,6 +58,7 @@ def test_rules_name_the_failed_step_then_the_repeat_then_the_answer_as_first_fla
 def test_a_step_is_read_from_the_last_labelled_number_in_range():
     assert parse_step("Step 1 looks fine.\nStep: 3\nReason: a repeat.", 3, True) == (2, "a repeat.")
     assert parse_step("**Step:** 2 (it fails)", 3, True)[0] == 1
+    assert parse_step("Step: 2\nReason: it repeats step 1.", 3, True) == (1, "it repeats step 1.")
     assert parse_step("Step: none", 3, allow_none=True) == (None, "Step: none")
     assert parse_step("Step: none", 3, allow_none=False) is None  # a wrong one has a flaw
     assert parse_step("Step: 4", 3, True) is None  # no such step
