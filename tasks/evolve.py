@@ -314,8 +314,11 @@ class Flywheel:
         made = {id(p): without_extra(t, p.resume) for p, t in zip(resumed, played, strict=True)}
         grown = []
         for plan in plans:
-            trajectory = plan.rewritten if plan.rewritten is not None else made[id(plan)]
-            correct = plan.parent.correct if plan.rewritten is not None else self._correct(trajectory)
+            if plan.rewritten is not None:  # the parent's actions: the parent's outcome
+                trajectory, correct = plan.rewritten, plan.parent.correct
+            else:
+                trajectory = made[id(plan)]
+                correct = self._correct(trajectory)
             question = plan.parent.trajectory.task_id
             if self.pools.add(question, round_no, trajectory, correct, plan):
                 grown.append(question)
