@@ -149,13 +149,102 @@ def run_batched(
         for state in live:
             state.episode.close()
         raise failed[0]
+    _play_closing(env, live, backend, chat, settings, progress, total=len(states))
+    return [_to_trajectory(env, s, len(prefix), grouped=group) for s in states]
+
+
+def _play_closing(env, live: list[_Live], backend, chat, settings, progress, total) -> None:
     try:
-        _play(env, live, backend, chat, settings, progress, total=len(states))
+        _play(env, live, backend, chat, settings, progress, total=total)
     finally:  # also when generation fails: the environment's sessions are freed
         for state in live:
             if not state.finish_reason:
                 state.episode.close()
-    return [_to_trajectory(env, s, len(prefix), grouped=group) for s in states]
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a continued episode starts: `trajectory`'s first `steps` agent turns (and what
+    answered them) played again, then `extra` messages (a hint), then the policy goes on."""
+
+    trajectory: Trajectory
+    steps: int
+    extra: tuple[Message, ...] = ()
+
+    @property
+    def kept(self) -> list[Message]:
+        """The episode's messages before its (`steps` + 1)-th agent turn."""
+        episode = self.trajectory.continuation
+        turns = [i for i, m in enumerate(episode) if m.role == "assistant"]
+        end = turns[self.steps] if self.steps < len(turns) else len(episode)
+        return episode[:end]
+
+
+def continue_batched(
+    env: Environment,
+    resumes: list[Resume],
+    backend: InferenceBackend,
+    chat: ChatTokenizer,
+    settings: RolloutSettings,
+    progress: bool = False,
+) -> list[Trajectory]:
+    """Each resumed episode replays its kept agent turns (their token ids as generated), then
+    the policy continues all of them together as `run_batched` does; one trajectory per resume,
+    holding the extra messages where they were shown. The environment is deterministic: a
+    replayed step whose observation differs from the recorded one ends that episode, recorded
+    as "replay-mismatch: ..." (an error while replaying as "replay-error: ..."), not raised."""
+    turns = turns_for(env)
+    states = [_resume(env, turns, chat, resume) for resume in resumes]
+    live = [s for s in states if not s.finish_reason]
+    _play_closing(env, live, backend, chat, settings, progress, total=len(states))
+    return [
+        _to_trajectory(env, s, r.trajectory.episode_start, grouped=False)
+        for s, r in zip(states, resumes, strict=True)
+    ]
+
+
+def _resume(env: Environment, turns: Turns, chat, resume: Resume) -> _Live:
+    origin = resume.trajectory
+    prefix = origin.messages[: origin.episode_start]
+    state = _start(env, origin.task_id, prefix=prefix, prefix_ids=chat.encode(prefix)[0], chat=chat)
+    if state.error is not None:
+        return state
+    try:
+        problem = _replay(turns, chat, state, resume.kept)
+    except Exception as error:  # the environment failed on a step it once took
+        problem = f"replay-error: {type(error).__name__}: {error}"
+    if problem is None and resume.extra:
+        for message in resume.extra:
+            state.messages.append(message)
+            state.ids += chat.message_ids(message)[0]
+    if problem is not None:
+        state.finish_reason = problem
+        state.episode.close()
+    return state
+
+
+def _replay(turns: Turns, chat, state: _Live, kept: list[Message]) -> str | None:
+    """Step the kept agent turns again, appending the kept messages as recorded; what went
+    wrong (a "replay-mismatch: ..."), or None."""
+    for position, message in enumerate(kept):
+        state.messages.append(message)
+        state.ids += chat.message_ids(message)[0]
+        if message.role != "assistant":
+            continue
+        state.steps += 1
+        reply = turns.read(message.content)
+        if not reply.action:
+            observation = turns.observation(reply.error or "", reply.malformed)
+        else:
+            result = state.episode.step(reply.action)
+            state.reward += result.reward
+            if result.done:
+                return f"replay-mismatch: step {state.steps} ended the episode"
+            observation = turns.observation(result.observation, reply.malformed)
+        recorded = kept[position + 1] if position + 1 < len(kept) else None
+        if recorded is None or recorded.content != observation.content:
+            return f"replay-mismatch: step {state.steps}'s observation differs from the record"
+    return None
 
 
 def _play(env, live: list[_Live], backend, chat, settings, progress: bool, total: int) -> None:

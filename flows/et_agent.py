@@ -1,0 +1,134 @@
+"""ET-Agent (2025): calibrate how a tool-integrated agent behaves, not only whether it is right.
+
+    python -m flows.et_agent --config configs/et_agent_qa.yaml [key=value ...]
+
+    warm start   SFT of the base model on the scripted solver's tool trajectories (as Agent-R1)
+    flywheel     roll out each train question; up to `flywheel.rounds` times evolve the best
+                 trajectory not yet used: a correct one enhanced (fresh rollout, a redundant step
+                 cut and re-generated), a wrong one reflected (cut at the judge's first flaw and
+                 continued after a hint); keep the correct ones, with the operator that made them
+    RFT          SFT of the warm start on the flywheel's correct trajectories
+    stage s      (each curriculum stage, from the last one's policy) `calibration.iterations`
+                 times: K episodes per question → group-wise Pareto sampling (tool-call and
+                 correctness variance, mixed groups only) → efficiency reward
+                 r = correctness * f_tool * f_length + f_format, sigmas falling to 0 over the
+                 stage → RL update (GRPO by default)
+
+Every policy is evaluated greedily on the held-out questions (exact match) and measured on the
+radar's five axes (correctness, efficiency, conciseness, successful execution, reasoning length).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from prefect import flow
+
+from flows.agent_r1 import AgentR1
+from flywheel.records import Manifest
+from flywheel.settings import ETAgentConfig
+from ops.driver import RoundResult, RoundState, run_all_rounds, run_next_round
+from ops.runner import cli_main
+from tasks.behaviour_report import behaviour_report
+from tasks.calibrate import CalibrateInputs, calibrate_stage
+from tasks.evolve import EvolveInputs, flywheel_stage
+
+
+class ETAgent(AgentR1):
+    name, title, config_class = "et-agent", "ET-Agent", ETAgentConfig
+
+    def start(self) -> RoundResult:
+        """Warm start → data flywheel → RFT (SFT on the flywheel's correct trajectories)."""
+        cfg = self.cfg
+        _, warm = self.warm_start(evaluate_untrained=False)
+        warm_eval = self.evaluate("warm-start", warm.files["model"])
+        evolved = flywheel_stage(
+            EvolveInputs(
+                model_url=warm.files["model"], env=cfg.env,
+                task_ids=self.questions()[: cfg.flywheel_tasks], prefix=self.prefix,
+                inference=cfg.inference, settings=cfg.flywheel, max_steps=cfg.env.max_steps,
+                seed=cfg.seed,
+            ),
+            self.out("flywheel", "flywheel"),
+        )  # fmt: skip
+        self.log_curve(evolved.metrics, 0, "flywheel")
+        if not evolved.counts.get("kept", 0):
+            return RoundResult(
+                policy=warm.files["model"],
+                evaluations=[warm_eval],
+                notes=["the flywheel kept no correct trajectory: RFT skipped, RL starts from "
+                       "the warm start"],
+            )  # fmt: skip
+        rft = self.sft("rft", warm.files["model"], evolved.files["trajectories"], cfg.rft, "rft")
+        return RoundResult(policy=rft.files["model"], evaluations=[warm_eval])
+
+    def round(self, state: RoundState) -> RoundResult:
+        """One curriculum stage: sample → Pareto-select → efficiency reward → RL, repeated."""
+        cfg, n = self.cfg, state.round
+        policy, notes = state.policy, []
+        questions = cfg.sample.tasks_for_round(self.questions(), n)
+        for i in range(cfg.calibration.iterations):
+            folder, seed = f"stage-{n}/iteration-{i + 1}", cfg.seed + n * 1000 + i
+            sampled = self.sample(policy, questions, seed, f"{folder}/sample", folder)
+            calibrated = calibrate_stage(
+                CalibrateInputs(
+                    data_url=sampled.files["trajectories"], settings=cfg.calibration, iteration=i
+                ),
+                self.out(f"{folder}/calibrate", folder),
+            )
+            self.log_curve({**sampled.metrics, **calibrated.metrics}, n, "rollout")
+            if not calibrated.counts["kept_groups"]:
+                notes.append(
+                    f"stage {n}, iteration {i + 1}: no sampled group had both a success and a "
+                    "failure, so nothing to calibrate on; sample more per question "
+                    "(sample.samples_per_task) or more questions (sample.tasks_per_round)"
+                )
+                continue
+            policy = self.rl(policy, calibrated.files["trajectories"], n, folder).files["model"]
+        if policy == state.policy:
+            return RoundResult(notes=notes)
+        return RoundResult(policy=policy, notes=notes)
+
+    def policy_label(self, round_no: int) -> str:
+        return "rft" if round_no == 0 else f"stage-{round_no}"
+
+    def report(self, evaluations: list[tuple[str, Manifest]], notes: list[str]) -> str:
+        table = super().report(evaluations, notes)
+        behaviour_report(
+            store_url=self.store.root, run_url=self.run_url, title=f"{self.title} on qa",
+            evaluations=evaluations, agent_format=self.env.agent_format,
+            tool_arguments=dict(self.env.tool_arguments), tracking=self.tracking,
+        )  # fmt: skip
+        return table
+
+
+@flow(name="et-agent", log_prints=True)
+def et_agent(
+    config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
+) -> list[dict]:
+    """All of ET-Agent in one run. `config` (a mapping) or `config_file` (YAML), then
+    `overrides` (`key=value`) on top."""
+    return run_all_rounds(ETAgent, config, config_file, overrides)
+
+
+@flow(name="et-agent-campaign", log_prints=True)
+def et_agent_campaign(
+    config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
+):
+    """One more ET-Agent round per run (for schedules): round 0 is warm start, flywheel and RFT;
+    each later round one curriculum stage from the last published policy."""
+    return run_next_round(ETAgent, config, config_file, overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli_main(
+        et_agent, ETAgentConfig, argv, prog="python -m flows.et_agent",
+        campaign_flow=et_agent_campaign,
+        description="Run ET-Agent: warm start, data flywheel and RFT, then curriculum stages of "
+        "behaviour-calibration RL (Pareto sampling, efficiency reward).",
+        example="rounds=3 calibration.sigma_tool=0.3 flywheel.rounds=2",
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
