@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -54,6 +55,13 @@ class Tracker:
 
     def log_artifact(self, run_id: str, path: Path, folder: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), folder)
+
+    def log_files(self, run_id: str, files: dict[str, bytes]) -> None:
+        """Each `name: content` as an artifact of the run (reports written in memory)."""
+        with tempfile.TemporaryDirectory() as folder:
+            for name, data in files.items():
+                (Path(folder) / name).write_bytes(data)
+                self.log_artifact(run_id, Path(folder) / name)
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import base64
 import io
-import tempfile
-from pathlib import Path
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
@@ -155,10 +153,9 @@ def behaviour_report(
     store.write_bytes(f"{run_url}/radar.png", png)
     if tracking:
         tracker = tracking.tracker()
-        with tempfile.TemporaryDirectory() as folder:
-            for name, data in [("behaviour.md", table.encode()), ("radar.png", png)]:
-                (Path(folder) / name).write_bytes(data)
-                tracker.log_artifact(tracking.parent_run_id, Path(folder) / name)
+        tracker.log_files(
+            tracking.parent_run_id, {"behaviour.md": table.encode(), "radar.png": png}
+        )
         for step, row in enumerate(rows):
             numbers = {k: v for k, v in row.items() if k in BehaviourMetrics.model_fields}
             tracker.log_metrics(

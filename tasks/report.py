@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import base64
 import io
-import tempfile
-from pathlib import Path
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -97,10 +95,9 @@ def report_stage(
     links = [f"- Artifacts: `{run_url}`"]
     if tracking:
         tracker = tracking.tracker()
-        with tempfile.TemporaryDirectory() as folder:
-            for name, data in [("results.md", noted.encode()), ("success_rate.png", png)]:
-                (Path(folder) / name).write_bytes(data)
-                tracker.log_artifact(tracking.parent_run_id, Path(folder) / name)
+        tracker.log_files(
+            tracking.parent_run_id, {"results.md": noted.encode(), "success_rate.png": png}
+        )
         if rows:
             columns = {key: [row[key] for row in rows] for key in rows[0]}
             tracker.client.log_table(tracking.parent_run_id, columns, "results.json")

@@ -81,15 +81,27 @@ def test_the_table_shows_n_and_an_interval():
     assert "rule-based" in table
 
 
-def test_the_report_writes_its_files(tmp_path):
+def test_the_report_writes_its_files_and_logs_them_to_mlflow(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from flywheel.stage import TrackingRef
+    from flywheel.tracking import Tracker
+
     store = ArtifactStore(f"file://{tmp_path}")
     data = store.write_records(store.url("run", "evaluate", "rft", "t.jsonl"), [REPEATS, CLEAN])
     evaluation = Manifest(stage="evaluate", url=store.url("run", "evaluate", "rft"),
                           files={"trajectories": data})  # fmt: skip
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = Tracker(uri, "flywheel").start("flow")
     rows = behaviour_report.fn(
         store_url=store.root, run_url=store.url("run"), title="t", evaluations=[("rft", evaluation)],
         agent_format="tags", tool_arguments={},
+        tracking=TrackingRef(tracking_uri=uri, experiment="flywheel", parent_run_id=parent),
     )  # fmt: skip
     assert [r["stage"] for r in rows] == ["rft"]
     assert json.loads(store.read_text(store.url("run", "behaviour.json")))[0]["solved"] == 1
     assert (tmp_path / "run" / "radar.png").read_bytes()[:4] == b"\x89PNG"
+    client = MlflowClient(uri)
+    assert {a.path for a in client.list_artifacts(parent)} == {"behaviour.md", "radar.png"}
+    history = client.get_metric_history(parent, "behaviour/correctness")
+    assert [(m.step, m.value) for m in history] == [(0, 0.5)]
