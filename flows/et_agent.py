@@ -4,9 +4,11 @@
 
     warm start   SFT of the base model on the scripted solver's tool trajectories (as Agent-R1)
     flywheel     roll out each train question; up to `flywheel.rounds` times evolve the best
-                 trajectory not yet used: a correct one enhanced (fresh rollout, a redundant step
-                 cut and re-generated), a wrong one reflected (cut at the judge's first flaw and
-                 continued after a hint); keep the correct ones, with the operator that made them
+                 trajectory not yet used: a correct one enhanced (the judge's redundant step cut
+                 and re-generated, else its reasoning text rewritten shorter, else a fresh
+                 rollout), a wrong one reflected (cut at the judge's first flaw, or its answer
+                 withdrawn, and continued after a hint); keep the correct ones, each with the
+                 operator that made it (records.jsonl: parent, verdict, hint, why kept)
     RFT          SFT of the warm start on the flywheel's correct trajectories
     stage s      (each curriculum stage, from the last one's policy) `calibration.iterations`
                  times: K episodes per question → group-wise Pareto sampling (tool-call and
