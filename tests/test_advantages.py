@@ -250,3 +250,21 @@ def test_kl_k3():
     logp = torch.tensor([[0.0, half, -2.0, 50.0]])
     ref = torch.tensor([[half, 0.0, -2.0, -50.0]])
     close(kl_k3(logp, ref, torch.tensor([[1, 1, 1, 0]])), [[0.193147, 0.306853, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize("reward", [0.1, 0.3, 1.1, -1.0])
+@pytest.mark.parametrize("size", [3, 7, 8])
+def test_a_group_of_equal_rewards_has_exactly_zero_advantage(reward, size):
+    """Summed in float32, eight rewards of 0.1 have a mean a few ulps off: GRPO's division by
+    the near-zero std made that -0.0074 on every token of the group (and the trainer, which skips
+    rows whose advantage is exactly 0, trained on them)."""
+    rewards = torch.tensor([reward] * size + [1.1, 0.1])
+    groups = torch.tensor([0] * size + [1, 1])
+    mask = torch.ones(size + 2, 2)
+    for advantages in (
+        grpo_advantages(rewards, groups, mask),
+        grpo_advantages(rewards, groups, mask, scale_by_std=False),
+        rloo_advantages(rewards, groups, mask),
+    ):
+        assert bool((advantages[:size] == 0).all()), advantages[:size, 0]
+        assert bool((advantages[size:] != 0).all())

@@ -49,12 +49,20 @@ def group_index(group_ids: list[str | None]) -> Tensor:
 
 
 def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Each sequence's group mean, unbiased group std (0 for a group of one) and group size."""
+    """Each sequence's group mean, unbiased group std (0 for a group of one) and group size.
+
+    A group whose rewards are all equal gets exactly its reward as mean and 0 as std: summed in
+    floating point, eight rewards of 0.1 have a mean a few ulps off, which GRPO's division by a
+    near-zero std turns into a small advantage of one sign on every token of the group (and
+    the trainer no longer skips the group as one without signal)."""
     _, inverse = torch.unique(group_ids, return_inverse=True)
     n_groups = int(inverse.max()) + 1
     zeros = torch.zeros(n_groups, dtype=rewards.dtype, device=rewards.device)
     size = zeros.index_add(0, inverse, torch.ones_like(rewards))
     mean = zeros.index_add(0, inverse, rewards) / size
+    low = zeros.scatter_reduce(0, inverse, rewards, "amin", include_self=False)
+    high = zeros.scatter_reduce(0, inverse, rewards, "amax", include_self=False)
+    mean = torch.where(low == high, low, mean)
     squares = zeros.index_add(0, inverse, (rewards - mean[inverse]) ** 2)
     std = torch.where(size > 1, (squares / (size - 1).clamp(min=1)).sqrt(), 0.0)
     return mean[inverse], std[inverse], size[inverse]
@@ -82,9 +90,10 @@ def grpo_advantages(
 
 def rloo_advantages(rewards: Tensor, group_ids: Tensor, loss_mask: Tensor) -> Tensor:
     # mean of the others = (n * mean - r_i) / (n - 1)
-    mean, _, size = _group_stats(rewards, group_ids)
+    mean, std, size = _group_stats(rewards, group_ids)
     others = (size * mean - rewards) / (size - 1).clamp(min=1)
-    return per_token(torch.where(size > 1, rewards - others, 0.0), loss_mask)
+    # std is exactly 0 for a group of equal rewards, where `others` may be a few ulps off
+    return per_token(torch.where((size > 1) & (std > 0), rewards - others, 0.0), loss_mask)
 
 
 # ---- token-level rewards and returns ------------------------------------------------------------
