@@ -95,12 +95,15 @@ class AgentR1(Recipe):
         policy = self.rl(state.policy, sampled.files["trajectories"], n, f"round-{n}")
         return RoundResult(policy=policy.files["model"])
 
-    def rl(self, policy: str, data_url: str, n: int, folder: str) -> Manifest:
-        """One RL update of `policy` on the trajectories at `data_url` (`folder`/rl)."""
+    def rl(
+        self, policy: str, data_url: str, n: int, folder: str, step: int | None = None
+    ) -> Manifest:
+        """One RL update of `policy` on the trajectories at `data_url` (`folder`/rl); its metrics
+        go on the flow's curves at `step` (the round, unless a round has several updates)."""
         cfg = self.cfg
         inputs = RLInputs(model_url=policy, data_url=data_url, settings=cfg.rl, seed=cfg.seed + n)
         trained = rl_stage(inputs, self.out(f"{folder}/rl", folder))
-        self.log_curve(trained.metrics, n, "train")
+        self.log_curve(trained.metrics, n if step is None else step, "train")
         return trained
 
     def policy_label(self, round_no: int) -> str:

@@ -805,3 +805,7 @@ class ETAgentConfig(ToolRecipeConfig):
     sample: SampleSettings = Field(default_factory=lambda: SampleSettings(samples_per_task=8))
     calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
     flywheel: FlywheelSettings = Field(default_factory=FlywheelSettings)
+    # Which train questions each stage samples: "tool-calls" takes stage s's questions from those
+    # whose reference solution needs at most the s-th smallest number of tool calls (easy first,
+    # so early groups mix success and failure); "none" takes seeded slices of all of them.
+    curriculum: Literal["tool-calls", "none"] = "tool-calls"

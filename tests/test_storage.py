@@ -335,7 +335,8 @@ def test_a_failed_stage_leaves_its_record_and_an_artifact_and_publishing_clears_
         found = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["run-failed-half-done"]))
         )
-    assert found and model in found[-1].data and "disk is full" in found[-1].data
+    # this run's artifact: the key is the stage's, so another run's may be on the same server
+    assert any(model in a.data and "disk is full" in a.data for a in found)
 
     assert one_stage(False, return_state=True).is_completed()
     assert not store.exists(store.url("run/half/_FAILED.json"))
