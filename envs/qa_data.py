@@ -74,6 +74,12 @@ class QARecord(BaseModel):
     def answers(self) -> list[str]:
         return [self.answer, *self.aliases]
 
+    @property
+    def reference_tool_calls(self) -> int:
+        """How many tool calls a reference solution needs: a search per supporting document, and
+        a python call when the answer is arithmetic on what was found."""
+        return len(self.supporting_ids) + (self.type == "arithmetic")
+
 
 class QAData(BaseModel):
     """Questions and the corpus they are asked over."""

@@ -26,11 +26,26 @@ from prefect import flow
 
 from agents.rollout import agent_prefix, few_shot_examples
 from flywheel.records import Manifest
-from flywheel.settings import AgentR1Config
+from flywheel.settings import AgentR1Config, round_slice
 from ops.driver import Recipe, RoundResult, RoundState, run_all_rounds, run_next_round
 from ops.runner import cli_main
 from tasks.explore import ExploreInputs, sample_stage
 from tasks.rl import RLInputs, rl_stage
+
+
+def easy_first_slice(questions: list[str], calls: dict[str, int], count: int, n: int) -> list[str]:
+    """Round `n`'s questions under the tool-call curriculum: for rounds 1..n in turn, the next
+    `count` questions of `questions` (in order, none an earlier round took) whose reference
+    solution needs at most the round's level of tool calls, the levels being the distinct counts
+    in `calls`, smallest first; past the last level every question is admitted."""
+    levels = sorted(set(calls.values()))
+    taken: set[str] = set()
+    chosen: list[str] = []
+    for stage in range(1, n + 1):
+        level = levels[min(stage, len(levels)) - 1]
+        chosen = [q for q in questions if q not in taken and calls[q] <= level][:count]
+        taken.update(chosen)
+    return chosen
 
 
 class AgentR1(Recipe):
@@ -43,6 +58,17 @@ class AgentR1(Recipe):
         questions = list(self.env.task_ids("train") if every else self.train_ids)
         random.Random(self.cfg.seed).shuffle(questions)
         return questions
+
+    def round_questions(self, n: int, skip: int = 0) -> list[str]:
+        """The questions round `n` samples, from `questions()` less its first `skip`
+        (`sample.curriculum`: the next slice of them, or easy first by reference tool calls)."""
+        cfg = self.cfg.sample
+        pool = self.questions()[skip:]
+        if cfg.curriculum == "none":
+            return round_slice(pool, cfg.tasks_per_round, n)
+        records = self.env.questions("train")
+        calls = {q: records[q].reference_tool_calls for q in pool}
+        return easy_first_slice(pool, calls, cfg.tasks_per_round or len(pool), n)
 
     def start(self) -> RoundResult:
         """The solver's trajectories on the train questions, and the warm start: SFT on them."""
@@ -80,7 +106,7 @@ class AgentR1(Recipe):
     def round(self, state: RoundState) -> RoundResult:
         """Sample a group of episodes per train question with the policy → RL update."""
         cfg, n = self.cfg, state.round
-        task_ids = cfg.sample.tasks_for_round(self.questions(), n)
+        task_ids = self.round_questions(n)
         seed = cfg.seed + n * 1000
         sampled = self.sample(state.policy, task_ids, seed, f"round-{n}/sample", f"round-{n}")
         self.log_curve(sampled.metrics, n, "rollout")

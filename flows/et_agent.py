@@ -26,7 +26,6 @@ import sys
 
 from prefect import flow
 
-from envs.qa_data import QARecord
 from flows.agent_r1 import AgentR1
 from flywheel.records import Manifest
 from flywheel.settings import ETAgentConfig
@@ -35,12 +34,6 @@ from ops.runner import cli_main
 from tasks.behaviour_report import behaviour_report
 from tasks.calibrate import CalibrateInputs, calibrate_stage
 from tasks.evolve import EvolveInputs, flywheel_stage
-
-
-def reference_tool_calls(record: QARecord) -> int:
-    """How many tool calls a reference solution of the question needs: a search per supporting
-    document, and a python call when the answer is arithmetic on what was found."""
-    return len(record.supporting_ids) + (record.type == "arithmetic")
 
 
 class ETAgent(AgentR1):
@@ -75,7 +68,7 @@ class ETAgent(AgentR1):
         """One curriculum stage: sample → Pareto-select → efficiency reward → RL, repeated."""
         cfg, n = self.cfg, state.round
         policy, notes = state.policy, []
-        questions = self.stage_questions(n)
+        questions = self.round_questions(n, skip=cfg.flywheel_tasks)  # none RFT trained on
         iterations = cfg.calibration.iterations
         for i in range(iterations):
             folder, seed = f"stage-{n}/iteration-{i + 1}", cfg.seed + n * 1000 + i
@@ -100,28 +93,6 @@ class ETAgent(AgentR1):
         if policy == state.policy:
             return RoundResult(notes=notes)
         return RoundResult(policy=policy, notes=notes)
-
-    def stage_questions(self, n: int) -> list[str]:
-        """Curriculum stage `n`'s train questions: the next `sample.tasks_per_round` questions
-        (seeded order, none the flywheel saw, none an earlier stage took) among those whose
-        reference solution needs at most the n-th smallest number of tool calls, so stage 1
-        samples the easiest questions, where the policy's groups most often mix success and
-        failure, and each later stage admits the next level (`curriculum: none`: seeded slices)."""
-        cfg = self.cfg
-        pool = self.questions()[cfg.flywheel_tasks :]
-        count = cfg.sample.tasks_per_round or len(pool)
-        if cfg.curriculum == "none":
-            return pool[(n - 1) * count : n * count]
-        records = self.env.questions("train")
-        calls = {q: reference_tool_calls(records[q]) for q in pool}
-        levels = sorted(set(calls.values()))
-        taken: set[str] = set()
-        chosen: list[str] = []
-        for stage in range(1, n + 1):
-            level = levels[min(stage, len(levels)) - 1]
-            chosen = [q for q in pool if q not in taken and calls[q] <= level][:count]
-            taken.update(chosen)
-        return chosen
 
     def policy_label(self, round_no: int) -> str:
         return "rft" if round_no == 0 else f"stage-{round_no}"

@@ -602,6 +602,11 @@ class SampleSettings(RoundSlices):
     # start's only (more solved episodes there, 10.4% against 4.7% at temperature 1, yet the
     # demo's RL round gained less from them: +1.7 points against +3.3; README).
     questions: Literal["warm-start", "all"] = "all"
+    # Which of them round n samples: "none" takes the next `tasks_per_round` of the seeded order;
+    # "tool-calls" the next ones among those whose reference solution needs at most the n-th
+    # smallest number of tool calls (easy first, so early groups mix successes and failures; the
+    # last level admits every question).
+    curriculum: Literal["none", "tool-calls"] = "none"
     temperature: float = Field(default=1.0, gt=0)  # the RL trainer's log-probs assume this too
 
 
@@ -802,10 +807,21 @@ class ETAgentConfig(ToolRecipeConfig):
     # Train questions the flywheel rolls out and evolves (a seeded slice of all of them).
     flywheel_tasks: int = Field(default=64, ge=1)
     rft: SFTSettings = Field(default_factory=SFTSettings)  # SFT on the flywheel's trajectories
-    sample: SampleSettings = Field(default_factory=lambda: SampleSettings(samples_per_task=8))
+    # K = 8 episodes per question, stages easy first; a `sample` section changes only what it names
+    sample: SampleSettings = Field(
+        default_factory=lambda: SampleSettings(samples_per_task=8, curriculum="tool-calls")
+    )
     calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
     flywheel: FlywheelSettings = Field(default_factory=FlywheelSettings)
-    # Which train questions each stage samples: "tool-calls" takes stage s's questions from those
-    # whose reference solution needs at most the s-th smallest number of tool calls (easy first,
-    # so early groups mix success and failure); "none" takes seeded slices of all of them.
-    curriculum: Literal["tool-calls", "none"] = "tool-calls"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _paper_sampling(cls, data):
+        if isinstance(data, dict):
+            given = data.get("sample") or {}
+            if isinstance(given, dict):
+                data = {
+                    **data,
+                    "sample": {"samples_per_task": 8, "curriculum": "tool-calls", **given},
+                }
+        return data
