@@ -11,7 +11,7 @@ sampling model, other seeds (the later rounds) give other replies: the plan's.
 from __future__ import annotations
 
 import re
-import time
+import threading
 
 from agents.turns import turns_for
 from flywheel.inference import Generation
@@ -77,22 +77,27 @@ def sensible_judge(prompt: str) -> str:
 
 
 class ScriptedJudgeBackend:
-    """Replies `reply(prompt text)` to each prompt; `delay_s` before answering, `fail` raises."""
+    """Replies `reply(prompt text)` to each prompt; `hang`: not before `release()` (a judge
+    past any timeout, however slowly the machine runs the test), `fail` raises."""
 
-    def __init__(self, chat, reply=sensible_judge, delay_s: float = 0.0, fail: bool = False):
-        self.chat, self.reply, self.delay_s, self.fail = chat, reply, delay_s, fail
+    def __init__(self, chat, reply=sensible_judge, hang: bool = False, fail: bool = False):
+        self.chat, self.reply, self.hang, self.fail = chat, reply, hang, fail
+        self.released = threading.Event()
         self.calls: list[int] = []
         self.prompts: list[str] = []
 
     def generate(self, prompts, sampling):
         self.calls.append(len(prompts))
-        if self.delay_s:
-            time.sleep(self.delay_s)
+        if self.hang:
+            self.released.wait(timeout=60)
         if self.fail:
             raise ConnectionError("judge server unreachable")
         texts = [self.chat.tokenizer.decode(p) for p in prompts]
         self.prompts += texts
         return [Generation(self.reply(t), [], "stop") for t in texts]
 
+    def release(self):
+        self.released.set()
+
     def close(self):
-        pass
+        self.release()

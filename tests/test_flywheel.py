@@ -88,6 +88,7 @@ def run_stage(env, chat, questions, tmp_path, monkeypatch, rounds=3, **judge_bac
         settings=FlywheelSettings(rounds=rounds, judge=JudgeSettings()), max_steps=8, seed=0,
     )  # fmt: skip
     manifest = flywheel_stage.fn(inputs, StageOutput(store_url=store.root, url=store.url("fw")))
+    judge_model.release()  # a hung judge's abandoned thread ends
     kept = store.read_records(manifest.files["trajectories"], Trajectory)
     records = store.read_records(manifest.files["records"], FlywheelRecord)
     return manifest, kept, records
@@ -141,7 +142,7 @@ def test_judge_timeouts_fall_back_to_the_rules_and_are_recorded(
     env, chat, questions, tmp_path, monkeypatch
 ):
     manifest, kept, records = run_stage(
-        env, chat, questions, tmp_path, monkeypatch, rounds=1, delay_s=1.0, timeout_s=0.1
+        env, chat, questions, tmp_path, monkeypatch, rounds=1, hang=True, timeout_s=0.1
     )
     verdicts = [r.verdict for r in records if r.verdict]
     assert len(verdicts) == 2 and all(v.source == "rules" for v in verdicts)
