@@ -10,7 +10,9 @@
                  withdrawn, and continued after a hint); keep the correct ones, each with the
                  operator that made it (records.jsonl: parent, verdict, hint, why kept)
     RFT          SFT of the warm start on the flywheel's correct trajectories
-    stage s      (each curriculum stage, from the last one's policy) `calibration.iterations`
+    stage s      (each curriculum stage, from the last one's policy; its questions easy first:
+                 stage s admits those whose reference solution needs at most the s-th fewest
+                 tool calls, none the flywheel saw) `calibration.iterations`
                  times: K episodes per question → group-wise Pareto sampling (tool-call and
                  correctness variance, mixed groups only) → efficiency reward
                  r = correctness * f_tool * f_length + f_format, sigmas falling to 0 over the

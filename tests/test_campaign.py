@@ -5,6 +5,7 @@ round on a deployment is in test_deployments.py."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import threading
 import time
@@ -16,7 +17,7 @@ import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 
-from flywheel.records import Campaign, CampaignRound
+from flywheel.records import Campaign, CampaignRound, Manifest
 from flywheel.settings import ETOConfig
 from flywheel.storage import ArtifactStore
 from ops.campaign import load_campaign, new_round, run_campaign, slot_name
@@ -115,9 +116,9 @@ class Recorder:
                 yield
                 events.append(("lock freed",))
 
-        def tracked(cfg, next_round, campaign, *, store, locked):
-            events.append(("tracked", store is self.store, locked))
-            return next_round(cfg, store, "tracking", campaign)
+        def tracked(cfg, next_round, campaign, *extra, store, locked):
+            events.append(("tracked", store is self.store, locked, *extra))
+            return next_round(cfg, store, "tracking", campaign, *extra)
 
         monkeypatch.setattr(campaign_module, "preflight", lambda cfg: store)
         monkeypatch.setattr(campaign_module, "campaign_slot", slot)
@@ -169,6 +170,34 @@ def test_a_campaign_run_publishes_one_round_under_its_slot_and_lock(tmp_path, mo
     assert len(load_campaign(store, "camp", "eto").rounds) == 2
 
 
+def test_a_round_is_published_as_json_and_the_recipe_gets_its_extra_arguments(
+    tmp_path, monkeypatch
+):
+    store = ArtifactStore(str(tmp_path))
+    recorder = Recorder(monkeypatch, store)
+    evaluation = Manifest(stage="evaluate", url="s3://b/eval", metrics={"success_rate": 0.25})
+
+    def evaluated_round(cfg, store, tracking, campaign, label):
+        published = CampaignRound(
+            round=0, policy="p", evaluations=[(label, evaluation)], published_at="t"
+        )
+        return campaign.model_copy(update={"rounds": [published]})
+
+    cfg = SimpleNamespace(run_name="camp", rounds=0, break_lock=False)
+    state = run_campaign(cfg, "eto", evaluated_round, "sft")
+    assert ("tracked", True, True, "sft") in recorder.events
+    # Prefect keeps the state's data as JSON: pairs as lists, the manifest as a plain dict
+    assert state.data["evaluations"] == [["sft", evaluation.model_dump(mode="json")]]
+    assert json.loads(json.dumps(state.data)) == state.data
+
+
+def test_a_new_round_records_the_flow_run_it_was_published_from(monkeypatch):
+    monkeypatch.setattr("prefect.runtime.flow_run.get_id", lambda: "run-42")
+    evaluation = ("sft", Manifest(stage="evaluate", url="u"))
+    published = new_round(1, "p", iter([evaluation]))
+    assert published.flow_run_id == "run-42" and published.evaluations == [evaluation]
+
+
 def test_a_new_round_records_its_policy_evaluations_notes_and_time():
     before = datetime.now(UTC).replace(microsecond=0)
     published = new_round(3, "s3://b/policy", iter([]), ("a", "b"))
@@ -187,6 +216,7 @@ def test_a_campaign_not_started_is_empty_and_the_slot_name_is_the_run_and_a_dige
     assert load_campaign(store, "new", "agent-r") == Campaign(name="new", recipe="agent-r")
     digest = hashlib.sha1(f"file://{tmp_path}/eto/x y".encode()).hexdigest()[:8]
     assert slot_name(store, "eto/x y") == f"flywheel-campaign-eto-x-y-{digest}"
+    assert slot_name(store, "ETO-Run").startswith("flywheel-campaign-ETO-Run-")
     assert slot_name(store, "a.b_c-d") == (
         "flywheel-campaign-a.b_c-d-" + hashlib.sha1(store.url("a.b_c-d").encode()).hexdigest()[:8]
     )

@@ -20,6 +20,7 @@ def test_parse_reply_first_action_wins_and_is_case_insensitive():
 
 def test_parse_reply_strips_quotes_and_backticks():
     assert parse_reply("Action: `inventory`").action == "inventory"
+    assert parse_reply("Action: 'craft 1 X'").action == "craft 1 X"  # only quotes are stripped
 
 
 def test_parse_reply_malformed_or_empty_gives_format_hint():

@@ -10,7 +10,7 @@ from test_rollout import ScriptedBackend
 from agents.rollout import RolloutSettings, agent_prefix, run_batched
 from envs import make_env
 from flywheel.chat import format_reply
-from flywheel.records import Campaign, Message, Trajectory
+from flywheel.records import Campaign, Message, Trajectory, opening_length
 
 
 def test_a_trajectory_stored_before_the_rl_fields_loads_with_them_unset():
@@ -51,3 +51,13 @@ def test_the_rollout_records_each_steps_reward_on_the_turn_that_took_it(chat):
     # The reply without an action took no step; the last step earned the episode's reward.
     assert [m.reward for m in turns] == [None] + [0.0] * (len(plan) - 1) + [1.0]
     assert sum(m.reward or 0.0 for m in turns) == trajectory.reward
+
+
+def test_the_opening_is_the_system_message_or_agentgyms_task_and_acknowledgement():
+    user, assistant = Message(role="user", content="task"), Message(role="assistant", content="OK")
+    system = Message(role="system", content="rules")
+    assert opening_length([user, assistant]) == 2  # AgentGym's layout, nothing after it yet
+    assert opening_length([user, assistant, user]) == 2
+    assert opening_length([system, user, assistant]) == 1
+    assert opening_length([user]) == 1  # a lone task prompt: no acknowledgement to count
+    assert opening_length([user, user]) == 1
