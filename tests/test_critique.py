@@ -330,3 +330,41 @@ def test_a_calibrated_critique_finds_the_error_a_biased_judge_calls_good(tree, c
     )
     assert most_bad.verdicts == ["good", "bad", "uncertain"] and most_bad.first_error == 1
     assert critique_metrics([most_bad])["first_error_oracle_within_1"] == 1.0
+
+
+def test_most_bad_locates_the_highest_p_bad_even_when_no_step_is_called_bad(tree, chat):
+    """With a margin of 3.5 nats every step is a close call (uncertain), so the first "bad" is
+    None; locate=most_bad still names "get 1 z" (P(bad) 0.97 against "look"'s 0.5), counted from
+    the divergence (step 1)."""
+    settings = CritiqueSettings(verdicts=["good", "bad"], margin=3.5, locate="most_bad")
+    (critique,) = critique_pairs(
+        [pair(4, 5, 1)], {"acacia_boat": tree}, ScriptedScorer(chat), chat, settings, 4096,
+        progress=False,
+    )  # fmt: skip
+    assert critique.verdicts == ["uncertain", "uncertain"]
+    assert critique.first_error == 1
+    first_bad = settings.model_copy(update={"locate": "first_bad"})
+    (plain,) = critique_pairs(
+        [pair(4, 5, 1)], {"acacia_boat": tree}, ScriptedScorer(chat), chat, first_bad, 4096,
+        progress=False,
+    )  # fmt: skip
+    assert plain.first_error is None
+
+
+def test_a_calibrated_batch_subtracts_each_prompts_own_prior(tree, chat):
+    """Two pairs judged in one call: each step's scores are calibrated with its own blank
+    prompt's, and the reply shows the raw, content-free and calibrated scores."""
+    backend = BiasedScorer(chat)
+    settings = CritiqueSettings(verdicts=["good", "bad"], calibration="content_free")
+    from_0, from_1 = critique_pairs(
+        [pair(4, 5, 0), pair(4, 5, 1)], {"acacia_boat": tree}, backend, chat, settings, 4096,
+        progress=False,
+    )  # fmt: skip
+    assert from_0.verdicts == ["good", "bad"] and from_1.verdicts == ["bad"]
+    assert from_1.responses[0].startswith("Judgement: Bad (log-probabilities: good ")
+    assert "; content-free: good " in from_1.responses[0]
+    first_call = backend.calls[0]  # 2 prompts x 2 replies, then their blanks
+    blank = chat.tokenizer.decode(first_call[4][0])
+    assert "Action: N/A" in blank and blank.endswith(
+        "'Judgement: Good' or 'Judgement: Bad'.<|im_end|>\n<|im_start|>assistant\n"
+    )
