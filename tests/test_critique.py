@@ -100,6 +100,9 @@ def test_the_question_lists_the_verdicts_scored():
     three = verifier_question(CritiqueSettings())
     assert three.endswith("'Judgement: Good', 'Judgement: Bad' or 'Judgement: Uncertain'.")
     assert "Reason in one sentence" in verifier_question(CritiqueSettings(method="generate"))
+    # a generating judge may write any verdict, so it is offered all three whatever is scored
+    generating = verifier_question(CritiqueSettings(method="generate", verdicts=["good", "bad"]))
+    assert "'Judgement: Bad' or 'Judgement: Uncertain'." in generating
 
 
 class ScriptedScorer:
