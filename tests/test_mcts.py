@@ -25,7 +25,7 @@ from agents.mcts import (
 from agents.rollout import agent_prefix
 from envs import make_env
 from envs.base import Environment, Episode, StepResult
-from flywheel.chat import format_reply
+from flywheel.chat import FORMAT_HINT, format_reply
 from flywheel.inference import Generation
 from flywheel.records import Message
 
@@ -231,6 +231,53 @@ def test_a_terminal_first_child_leaves_its_siblings_open_to_search(chat):
     assert (tree.nodes[2].visits, tree.nodes[2].value) == (3, 2.0)
     assert (tree.nodes[4].visits, tree.nodes[4].value) == (2, 1.0)
     assert tree.nodes[0].closed and tree.expansions == 3
+
+
+class WinOrMumbleBackend:
+    """Each expansion samples 'win', then a reply with no action, whose ids are one token per
+    character: the same text as the tokenizer's ids for it, other ids. Records every prompt."""
+
+    MUMBLE = "Thought: hmm, maybe"
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.prompts = tokenizer, []
+
+    def mumble_ids(self) -> list[int]:
+        return [
+            i for c in self.MUMBLE for i in self.tokenizer(c, add_special_tokens=False)["input_ids"]
+        ]
+
+    def generate(self, prompts, sampling):
+        self.prompts += prompts
+        win = format_reply("go", "win")
+        replies = [(win, self.tokenizer(win, add_special_tokens=False)["input_ids"]),
+                   (self.MUMBLE, self.mumble_ids())]  # fmt: skip
+        eos = [self.tokenizer.eos_token_id]
+        return [
+            Generation(*replies[i % 2][:1], replies[i % 2][1] + eos, "stop")
+            for i in range(len(prompts))
+        ]
+
+
+def test_a_reply_without_an_action_is_told_the_format_and_kept_as_generated(chat):
+    backend = WinOrMumbleBackend(chat.tokenizer)
+    assert (
+        backend.mumble_ids()
+        != chat.tokenizer(backend.MUMBLE, add_special_tokens=False)["input_ids"]
+    )
+    limits = SearchLimits(iterations=2, max_depth=3, samples_per_node=2)
+    prefix = [Message(role="system", content="S")]
+    (tree,) = search(Corridor(), ["t"], backend, chat, prefix, limits, progress=False)
+    mumble = tree.nodes[2]
+    assert (mumble.parent, mumble.action, mumble.observation) == (0, None, FORMAT_HINT)
+    # no reward, not done: the search goes on below it, to max_depth
+    assert (mumble.reward, mumble.finish, mumble.score) == (0.0, "", None)
+    assert [(n.parent, n.finish) for n in tree.nodes[1:]] == [
+        (0, "done"), (0, ""), (2, "done"), (2, ""), (4, "done"), (4, "max_depth"),
+    ]  # fmt: skip
+    # its prompt holds the reply's ids as generated, not the tokenizer's ids for its text
+    prompt, ids = backend.prompts[2], backend.mumble_ids()  # 2 samples of the root first
+    assert any(prompt[i : i + len(ids)] == ids for i in range(len(prompt)))
 
 
 def test_a_leaf_becomes_a_trajectory_with_the_generated_ids_and_the_leafs_outcome():
