@@ -68,7 +68,14 @@ class AgentR1(Recipe):
             return round_slice(pool, cfg.tasks_per_round, n)
         records = self.env.questions("train")
         calls = {q: records[q].reference_tool_calls for q in pool}
-        return easy_first_slice(pool, calls, cfg.tasks_per_round or len(pool), n)
+        chosen = easy_first_slice(pool, calls, cfg.tasks_per_round or len(pool), n)
+        if not chosen:
+            raise ValueError(
+                f"round {n}: the tool-call curriculum has used all {len(pool)} train questions "
+                "in earlier rounds; lower `rounds` or `sample.tasks_per_round`, or set "
+                "sample.curriculum=none (its rounds wrap around)"
+            )
+        return chosen
 
     def start(self) -> RoundResult:
         """The solver's trajectories on the train questions, and the warm start: SFT on them."""

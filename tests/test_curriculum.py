@@ -87,6 +87,14 @@ def test_without_a_curriculum_rounds_take_seeded_slices(tmp_path):
     assert {records[q].reference_tool_calls for q in easy.round_questions(1)} == {2}
 
 
+def test_a_curriculum_that_ran_out_of_questions_says_what_to_change(tmp_path):
+    et = recipe(ETAgent, ETAgentConfig, tmp_path, tasks_per_round=200)
+    # each level's questions, fewer than 200, then the rest: every one of the 290 by stage 3
+    assert sum(len(et.round_questions(n, skip=40)) for n in (1, 2, 3)) == 290
+    with pytest.raises(ValueError, match="round 4: the tool-call curriculum has used all 290"):
+        et.round_questions(4, skip=40)
+
+
 def test_an_et_agent_sample_section_keeps_the_paper_defaults_it_does_not_name(tmp_path):
     raw = tiny_tool_recipe("defaults", tmp_path)
     raw["sample"] = {"tasks_per_round": 4}
