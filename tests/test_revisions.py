@@ -20,7 +20,7 @@ from tasks.critique import (
     shorten_middle,
 )
 from tasks.select_paths import select_good, select_pairs
-from tasks.splice import build_training_data, splice_revision
+from tasks.splice import bad_prefix_end, build_training_data, splice_revision
 from training.datasets import sft_rows
 
 # These tests cover the written critique: the model's reply and the verdict parsed from it.
@@ -514,3 +514,37 @@ def test_texts_of_at_most_32_characters_are_never_cut(tree, chat):
         critique_pairs([pair], {"acacia_boat": short}, PromptRecorder(), CountingChat(chat),
                        CritiqueSettings(method="generate", max_tokens=16, history_steps=0), max_model_len,
                        progress=False)  # fmt: skip
+
+
+def test_the_bad_prefix_ends_at_the_error_within_the_path_and_the_step_count_follows(tree):
+    """Bad path 5: get 1 a, get 1 z, inventory; good path 4: get 1 a, get 1 b, craft 1 x;
+    divergence 1. The prefix ends at the error, at least at the divergence, at most at the
+    last step; the spliced episode counts prefix + revision + the good path after divergence."""
+    pair = PathPair(
+        task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0, divergence=1
+    )
+    assert [bad_prefix_end(pair, e, 3) for e in (None, 0, 1, 2, 7)] == [2, 1, 1, 2, 2]
+    prefix, reply = [Message(role="system", content="S")], "Thought: oops\nAction: inventory"
+    # error at step 1: 2 prefix steps + the revision + 2 good steps (get 1 b, craft 1 x)
+    assert splice_revision(tree, pair, 1, prefix, reply, "Inv").n_steps == 5
+    assert splice_revision(tree, pair, None, prefix, reply, "Inv").n_steps == 6
+
+
+def test_each_mode_builds_its_own_data(tree):
+    env = make_env("textcraft")
+    pair = PathPair(
+        task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0, divergence=1
+    )
+    good = [{"task_id": "acacia_boat", "leaf": 4}]
+    judged = Critique(task_id="acacia_boat", pair=0, judged_from=1, verdicts=["bad"],
+                      responses=[""], first_error=1)  # fmt: skip
+    prefix = [Message(role="system", content="S")]
+
+    def counts(mode, include_good):
+        args = (env, [tree], [pair], good, [judged], prefix, mode, include_good)
+        return build_training_data(*args)[1]
+
+    assert counts("good", False) == {"revisions": 0, "good_paths": 1}
+    assert counts("revision", False) == {"revisions": 1, "good_paths": 0}
+    assert counts("revision", True) == {"revisions": 1, "good_paths": 1}
+    assert counts("direct", False) == {"revisions": 1, "good_paths": 0}
