@@ -223,3 +223,14 @@ def test_token_counts_forward_a_dpo_prompt_with_each_side():
         }
     ]
     assert token_counts(dpo) == {"tokens_per_epoch": 2 + 3 + 2 + 1, "loss_tokens_per_epoch": 3}
+
+
+def test_dpo_row_counts_add_up_over_many_pairs(chat):
+    p = pair(10, 1)
+    prompt_len = len(chat.encode(p.prompt)[0])
+    max_length = prompt_len + sum(lengths(chat, p.chosen)[-3:])  # p's chosen side is shortened
+    silent = p.model_copy(update={"rejected": [m.model_copy(update={"loss": False})
+                                               for m in p.rejected]})  # fmt: skip
+    rows, counts = dpo_rows([silent, p, silent, p], chat, max_length)
+    assert counts == RowCounts(rows=2, rows_shortened=2, rows_dropped_no_loss=2)
+    assert len(rows) == 2 and rows[0] == rows[1]
