@@ -182,6 +182,8 @@ def test_textcraft_oracle_flags_wasted_steps():
     assert env.mistakes("acacia_boat", plan) == [False] * len(plan)
     flags = env.mistakes("acacia_boat", ["inventory", None, "get 2 cobblestone", plan[0]])
     assert flags == [True, True, True, False]
+    with pytest.raises(KeyError, match="unknown textcraft task id 'no_such_item'"):
+        env.mistakes("no_such_item", plan)
 
 
 def test_the_oracles_first_error_is_searched_from_the_divergence(tree, chat):
