@@ -97,3 +97,37 @@ def test_unsolvable_instructions_raise_no_plan():
         solve("no recipes and no goal")
     with pytest.raises(NoPlan):
         solve("Crafting commands:\ncraft 4 oak planks using 1 oak logs\n\nGoal: craft chest.")
+
+
+def test_the_expert_check_plays_each_plan_and_reports_what_failed(monkeypatch, capsys):
+    import envs.textcraft as textcraft
+    from envs.textcraft_expert import NoPlan
+
+    real_solve = textcraft.solve
+
+    def solve(instruction, tags):
+        if "birch boat" in instruction.split("Goal:")[-1]:
+            raise NoPlan("no plan")
+        plan = real_solve(instruction, tags)
+        return plan[:-1] if "acacia boat" in instruction.split("Goal:")[-1] else plan
+
+    monkeypatch.setattr(textcraft, "solve", solve)
+    tasks = ["acacia_boat", "birch_boat", "oak_boat"]
+    solved, failed = textcraft.evaluate_expert(tasks)
+    assert solved == {
+        "oak_boat": len(
+            real_solve(
+                textcraft.TextCraftEnv().start("oak_boat").instruction, textcraft.tag_members()
+            )
+        )
+    }
+    assert failed == ["acacia_boat", "birch_boat"]  # the plan fell short; no plan at all
+
+    monkeypatch.setattr(
+        textcraft, "evaluate_expert", lambda: ({str(i): i for i in range(1, 11)}, ["x", "y"])
+    )
+    textcraft.main()
+    assert capsys.readouterr().out == (
+        "solved 10/12 (83.3%); failed: ['x', 'y']\n"
+        "plan length: min 1 median 5.5 p90 9 p95 10 max 10\n"
+    )
