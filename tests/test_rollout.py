@@ -561,3 +561,13 @@ def test_group_rewards_and_the_share_of_groups_without_variance():
     assert groups == {"a": [1.0, 1.0], "b": [0.0, 0.5]}
     assert zero_variance_share(groups) == 0.5
     assert zero_variance_share({}) == 0.0
+
+
+def test_an_episode_that_crashed_says_whether_the_environment_or_its_action_failed():
+    from agents.rollout import _error_reason
+    from envs.base import EnvironmentUnavailable
+
+    assert _error_reason(ValueError("no such item")) == "error: ValueError: no such item"
+    assert _error_reason(EnvironmentUnavailable("server down")) == (
+        "lost: EnvironmentUnavailable: server down"
+    )
