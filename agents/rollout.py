@@ -454,6 +454,14 @@ def rollout_to_store(
     stats = EpisodeStats.of(trajectories)
     generated = sum(generated_tokens(t) for t in trajectories)
     groups = reward_groups(trajectories)
+    group_metrics = (
+        {
+            "zero_variance_groups": zero_variance_share(groups),
+            "mixed_outcome_groups": mixed_outcome_share(trajectories),
+        }
+        if groups
+        else {}
+    )
     return StageResult(
         files={"trajectories": url},
         counts={"episodes": stats.episodes, "successes": stats.successes, **endings},
@@ -463,7 +471,7 @@ def rollout_to_store(
             "average_steps": stats.average_steps,
             "generated_tokens_per_episode": generated / len(trajectories) if trajectories else 0,
             **episode_metric_means(trajectories),
-            **({"zero_variance_groups": zero_variance_share(groups)} if groups else {}),
+            **group_metrics,
             "seconds": seconds,
             "generated_tokens_per_s": generated / seconds if seconds else 0.0,
         },
@@ -497,6 +505,16 @@ def zero_variance_share(groups: dict[str, list[float]]) -> float:
     on every one of their tokens, so they teach the policy nothing."""
     flat = sum(1 for rewards in groups.values() if max(rewards) - min(rewards) < 1e-9)
     return flat / len(groups) if groups else 0.0
+
+
+def mixed_outcome_share(trajectories: list[Trajectory]) -> float:
+    """Share of the sampled groups holding both a success and a failure: the groups a signal on
+    the outcome itself comes from (`rl.groups: mixed` trains on these alone)."""
+    outcomes: dict[str, set[bool]] = {}
+    for t in trajectories:
+        if t.group_id is not None:
+            outcomes.setdefault(t.group_id, set()).add(t.success)
+    return sum(len(o) == 2 for o in outcomes.values()) / len(outcomes) if outcomes else 0.0
 
 
 class EpisodesLost(RuntimeError):

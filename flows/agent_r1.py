@@ -125,6 +125,14 @@ class AgentR1(Recipe):
                     "questions."
                 ]
             )
+        if cfg.rl.groups == "mixed" and not sampled.metrics.get("mixed_outcome_groups", 0.0):
+            return RoundResult(
+                notes=[
+                    f"round {n}: no group held both a success and a failure, and rl.groups=mixed "
+                    "trains on those alone; sample more per question (sample.samples_per_task), "
+                    "easier questions (sample.curriculum=tool-calls), or set rl.groups=all."
+                ]
+            )
         policy = self.rl(state.policy, sampled.files["trajectories"], n, f"round-{n}")
         return RoundResult(policy=policy.files["model"])
 

@@ -376,6 +376,11 @@ class RLSettings(TrainerSettings):
     # The sampling temperature the rollouts used: the log-probabilities compared with the
     # recorded ones must be of the same (tempered) distribution.
     temperature: float = Field(default=1.0, gt=0)
+    # Which sampled groups are trained on. all: every group with reward variance. mixed: only
+    # groups holding both a success and a failure (DAPO's dynamic-sampling filter on the
+    # outcome): a group whose episodes differ only in the format term teaches the format alone,
+    # and at a low success rate such groups outnumber the rest.
+    groups: Literal["all", "mixed"] = "all"
 
     @field_validator("clip_low")
     @classmethod

@@ -350,6 +350,52 @@ def test_rows_without_advantage_are_skipped_only_when_no_kl_term_needs_them(
     assert without_kl["loss_tokens_trained"] == with_kl["loss_tokens_trained"] - 2 * per_row
 
 
+def outcome(reward: float, success: bool, group: str | None) -> Trajectory:
+    return episode([], reward=reward, group=group).model_copy(update={"success": success})
+
+
+def test_mixed_outcome_groups_keep_only_groups_with_a_success_and_a_failure():
+    sampled = [
+        outcome(1.1, True, "a"), outcome(0.1, False, "a"),  # mixed: kept
+        outcome(0.1, False, "b"), outcome(0.0, False, "b"),  # format term only: dropped
+        outcome(1.1, True, "c"), outcome(1.0, True, "c"),  # all solved: dropped
+        outcome(1.1, True, None),  # no group: a group of one, dropped
+        outcome(0.0, False, "a"),  # a late member of group a: kept, in its place
+    ]  # fmt: skip
+    kept = rl.mixed_outcome_groups(sampled)
+    assert [(t.group_id, t.reward) for t in kept] == [("a", 1.1), ("a", 0.1), ("a", 0.0)]
+    assert rl.mixed_outcome_groups(sampled[2:6]) == []
+
+
+def test_mixed_groups_setting_trains_on_those_groups_alone(tmp_path, tiny_model_dir, chat):
+    # colour_group: one success in a group with failures; "format": rewards that differ by the
+    # format term only, no success.
+    formatted = [
+        episode([sampled(chat, c)], reward=r, group="format")
+        for c, r in (("green", 0.1), ("yellow", 0.0))
+    ]
+    solved = [t.model_copy(update={"success": t.reward == 1.0}) for t in colour_group(chat)]
+    data = write_trajectories(tmp_path / "g.jsonl", solved + formatted)
+    trained = {}
+    for groups in ("all", "mixed"):
+        settings = RLSettings(estimator="grpo", learning_rate=1e-3, kl_beta=0.0, batch_size=8,
+                              groups=groups)  # fmt: skip
+        job = TrainingJob(str(tiny_model_dir), data, str(tmp_path / groups), max_length=512,
+                          rl=settings.model_dump())  # fmt: skip
+        trained[groups] = rl.train(job)
+    every, mixed = trained["all"], trained["mixed"]
+    assert every["trajectories_dropped_uniform_outcome"] == 0 and every["groups"] == 2
+    assert mixed["trajectories_dropped_uniform_outcome"] == 2 and mixed["groups"] == 1
+    per_row = every["loss_tokens_trained"] / 6  # every reply is one word and its end
+    assert mixed["loss_tokens_trained"] == every["loss_tokens_trained"] - 2 * per_row
+
+    only_format = write_trajectories(tmp_path / "f.jsonl", formatted)
+    job = TrainingJob(str(tiny_model_dir), only_format, str(tmp_path / "none"), max_length=512,
+                      rl=RLSettings(groups="mixed").model_dump())  # fmt: skip
+    with pytest.raises(ValueError, match="kept 0 of 2.*rl.groups=all"):
+        rl.train(job)
+
+
 def test_main_reads_the_job_file_and_refuses_data_without_sampled_tokens(
     tmp_path, monkeypatch, tiny_model_dir
 ):

@@ -563,6 +563,25 @@ def test_group_rewards_and_the_share_of_groups_without_variance():
     assert zero_variance_share({}) == 0.0
 
 
+def test_the_share_of_groups_with_both_a_success_and_a_failure():
+    from agents.rollout import mixed_outcome_share
+
+    def grouped(task: str, solved: bool, group: str | None) -> Trajectory:
+        return played(task, float(solved), solved, 1, "done").model_copy(
+            update={"group_id": group}
+        )
+
+    trajectories = [
+        grouped("a", True, "a"), grouped("a", False, "a"), grouped("a", True, "a"),  # mixed
+        grouped("b", False, "b"), grouped("b", False, "b"),  # all failed
+        grouped("c", True, "c"),  # all solved
+        grouped("d", True, None), grouped("d", False, None),  # no group: left out
+    ]  # fmt: skip
+    assert mixed_outcome_share(trajectories) == pytest.approx(1 / 3)
+    assert mixed_outcome_share(trajectories[3:]) == 0.0
+    assert mixed_outcome_share([]) == 0.0
+
+
 def test_an_episode_that_crashed_says_whether_the_environment_or_its_action_failed():
     from agents.rollout import _error_reason
     from envs.base import EnvironmentUnavailable

@@ -63,6 +63,7 @@ from training.advantages import (
 )
 from training.datasets import rl_rows, token_counts
 from training.job import TrainingJob, load_model, parse_job, report_metrics
+from training.pareto import is_mixed
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 KL_IN_REWARD = ("reinforce++", "ppo")  # the other estimators put the KL in the loss
@@ -348,24 +349,44 @@ def read_trajectories(path: str) -> list[Trajectory]:
         return [Trajectory.model_validate_json(line) for line in f if line.strip()]
 
 
+def mixed_outcome_groups(trajectories: list[Trajectory]) -> list[Trajectory]:
+    """The trajectories of the groups that hold both a success and a failure, in their order
+    (`rl.groups: mixed`); a trajectory without a group id is a group of one, never mixed."""
+    groups: dict[str, list[Trajectory]] = {}
+    for position, t in enumerate(trajectories):
+        groups.setdefault(t.group_id or f"\0alone-{position}", []).append(t)
+    mixed = {id(t) for g in groups.values() if is_mixed([float(t.success) for t in g], 0.5)
+             for t in g}  # fmt: skip
+    return [t for t in trajectories if id(t) in mixed]
+
+
 def train(job: TrainingJob) -> dict:
     settings = RLSettings.model_validate(job.rl or {})
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     torch.manual_seed(job.seed)
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
-    found, counts = rl_rows(
-        read_trajectories(job.data_file), ChatTokenizer(tokenizer), job.max_length
-    )
+    sampled_trajectories = read_trajectories(job.data_file)
+    trajectories = sampled_trajectories
+    if settings.groups == "mixed":
+        trajectories = mixed_outcome_groups(sampled_trajectories)
+    found, counts = rl_rows(trajectories, ChatTokenizer(tokenizer), job.max_length)
     if not found:
         raise ValueError(
             f"{job.data_file}: no trajectory has sampled tokens to learn from within "
             f"max_length={job.max_length} ({counts})"
+            + (
+                f"; rl.groups=mixed kept {len(trajectories)} of {len(sampled_trajectories)} "
+                "(no group held both a success and a failure: sample more episodes per "
+                "question, or set rl.groups=all)"
+                if settings.groups == "mixed"
+                else ""
+            )
         )
     model = load_model(job)
     head = value_head_for(model, job.model_dir) if settings.estimator == "ppo" else None
     policy = Policy(model, head, settings.temperature).to(accelerator.device)
     rows, skipped, advantages = as_tensors(found), 0, None
-    sampled = {"reward_mean": float(rows.rewards.mean()), **group_stats(rows)}  # all rows
+    sampled = {"reward_mean": float(rows.rewards.mean()), **group_stats(rows)}  # all kept
     if settings.estimator in GROUP_BASELINES and not settings.kl_beta:
         advantages, _ = estimate_advantages(settings, rows)  # from the whole groups' rewards
         keep = rows_with_signal(advantages, rows.mask)
@@ -393,6 +414,7 @@ def train(job: TrainingJob) -> dict:
         **metrics(rows, advantages, sums, counts, found, accelerator.num_processes),
         **sampled,
         "rows_skipped_zero_advantage": skipped,
+        "trajectories_dropped_uniform_outcome": len(sampled_trajectories) - len(trajectories),
     }
 
 
