@@ -566,10 +566,8 @@ def test_group_rewards_and_the_share_of_groups_without_variance():
 def test_the_share_of_groups_with_both_a_success_and_a_failure():
     from agents.rollout import mixed_outcome_share
 
-    def grouped(task: str, solved: bool, group: str | None) -> Trajectory:
-        return played(task, float(solved), solved, 1, "done").model_copy(
-            update={"group_id": group}
-        )
+    def grouped(task: str, solved: bool, group: str | None):
+        return played(task, float(solved), solved, 1, "done").model_copy(update={"group_id": group})
 
     trajectories = [
         grouped("a", True, "a"), grouped("a", False, "a"), grouped("a", True, "a"),  # mixed
