@@ -360,11 +360,12 @@ def test_mixed_outcome_groups_keep_only_groups_with_a_success_and_a_failure():
         outcome(0.1, False, "b"), outcome(0.0, False, "b"),  # format term only: dropped
         outcome(1.1, True, "c"), outcome(1.0, True, "c"),  # all solved: dropped
         outcome(1.1, True, None),  # no group: a group of one, dropped
+        outcome(0.9, False, "d"), outcome(0.1, False, "d"),  # a high reward is no success
         outcome(0.0, False, "a"),  # a late member of group a: kept, in its place
     ]  # fmt: skip
     kept = rl.mixed_outcome_groups(sampled)
     assert [(t.group_id, t.reward) for t in kept] == [("a", 1.1), ("a", 0.1), ("a", 0.0)]
-    assert rl.mixed_outcome_groups(sampled[2:6]) == []
+    assert rl.mixed_outcome_groups(sampled[2:9]) == []
 
 
 def test_mixed_groups_setting_trains_on_those_groups_alone(tmp_path, tiny_model_dir, chat):
