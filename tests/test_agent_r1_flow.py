@@ -134,3 +134,37 @@ def test_vllm_records_the_logprobs_of_the_distribution_it_sampled_from(tiny_mode
     recorded = torch.tensor(generation.logprobs)
     assert torch.allclose(recorded, tempered, atol=1e-3)
     assert not torch.allclose(recorded, raw, atol=1e-2)
+
+
+def test_a_ppo_policy_with_its_value_head_loads_in_vllm(tmp_path, tiny_model_dir, chat):
+    """PPO saves its value head with the policy; the next sampling or evaluation loads that
+    folder in vLLM, which takes every *.safetensors at its top for the model's weights (a value
+    head there failed the bench's PPO run: "no module or parameter named 'bias'")."""
+    from flywheel.inference import SamplingSettings, shared_vllm
+    from flywheel.records import Message, Trajectory
+    from flywheel.settings import RLSettings
+    from training import rl
+    from training.job import TrainingJob
+
+    def answered(text: str) -> Trajectory:
+        ids = chat.tokenizer(text, add_special_tokens=False)["input_ids"]
+        reply = Message(role="assistant", content=text, loss=True, token_ids=ids)
+        question = Message(role="user", content="Which colour is the sky?")
+        return Trajectory(task_id="q", env="qa", messages=[question, reply], episode_start=0,
+                          reward=float(text == "blue"), group_id="q")  # fmt: skip
+
+    data = tmp_path / "group.jsonl"
+    data.write_text("".join(answered(c).model_dump_json() + "\n" for c in ("blue", "red")))
+    settings = RLSettings(estimator="ppo", learning_rate=1e-3, batch_size=2)
+    job = TrainingJob(str(tiny_model_dir), str(data), str(tmp_path / "model"), max_length=512,
+                      rl=settings.model_dump())  # fmt: skip
+    rl.train(job)
+    assert (tmp_path / "model" / rl.VALUE_HEAD_FILE).is_file()
+    prompt = chat.tokenizer("The sky is", add_special_tokens=False)["input_ids"]
+    try:
+        (generation,) = shared_vllm(job.output_dir, 512, 1).generate(
+            [prompt], SamplingSettings(temperature=0.0, max_tokens=4, seed=0)
+        )
+    finally:
+        release_vllm()
+    assert generation.token_ids

@@ -26,7 +26,8 @@ Run alone (`python -m training.rl --config job.json`) or under `accelerate launc
 (DDP): every process computes the starting pass and advantages for all rows (cheap next to
 training, and REINFORCE++ and PPO whiten over the whole batch), then trains on its share of each
 optimizer batch. The model folder is written like the trl trainers' (rank 0), PPO's value head
-next to it (`value_head.safetensors`), picked up again when the next stage starts from it.
+in a folder of its own inside it (`value_head/`: vLLM loads every `*.safetensors` at the top of a
+model folder as the model's weights), picked up again when the next stage starts from it.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ from training.datasets import rl_rows, token_counts
 from training.job import TrainingJob, load_model, parse_job, report_metrics
 from training.pareto import is_mixed
 
-VALUE_HEAD_FILE = "value_head.safetensors"
+VALUE_HEAD_FILE = "value_head/head.safetensors"  # not at the top: see the docstring
 KL_IN_REWARD = ("reinforce++", "ppo")  # the other estimators put the KL in the loss
 GROUP_BASELINES = ("grpo", "dr-grpo", "rloo")  # advantages from the rewards alone
 
@@ -341,7 +342,9 @@ def save_policy(policy: Policy, tokenizer, output_dir: str) -> None:
     tokenizer.save_pretrained(output_dir)
     if policy.value_head is not None:
         head = {k: v.detach().cpu().contiguous() for k, v in policy.value_head.state_dict().items()}
-        save_file(head, str(Path(output_dir) / VALUE_HEAD_FILE))
+        target = Path(output_dir) / VALUE_HEAD_FILE
+        target.parent.mkdir(parents=True, exist_ok=True)
+        save_file(head, str(target))
 
 
 def read_trajectories(path: str) -> list[Trajectory]:
