@@ -296,3 +296,13 @@ def test_tidy_names_tags_and_items_as_the_instruction_does():
     assert _tidy("Could not find enough items to craft None") == (
         "Could not find enough items for that recipe"
     )
+
+
+def test_an_action_of_exactly_the_length_limit_is_played_and_one_longer_refused():
+    from envs.textcraft import MAX_ACTION_CHARS
+
+    episode = TextCraftEnv().start("yellow_bed")
+    at_limit = episode.step("x" * MAX_ACTION_CHARS).observation
+    assert not at_limit.startswith("Action too long")
+    too_long = episode.step("x" * (MAX_ACTION_CHARS + 1)).observation
+    assert too_long == f"Action too long ({MAX_ACTION_CHARS + 1} characters); send one command."
