@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flywheel.records import Message, Pair, Trajectory
-from training.datasets import RowCounts, dpo_rows, sft_rows, turns
+from training.datasets import RowCounts, dpo_rows, rl_rows, sft_rows, turns
 
 SYSTEM = Message(role="system", content="You craft items.")
 TASK = Message(role="user", content="Goal: craft x.")
@@ -86,6 +86,15 @@ def test_rows_too_long_for_their_last_turn_or_with_nothing_to_learn_are_dropped_
     assert counts.as_metrics() == {
         "rows": 1, "rows_shortened": 0, "rows_dropped_too_long": 0, "rows_dropped_no_loss": 1,
     }  # fmt: skip
+
+
+def test_a_row_missing_only_its_oldest_turn_counts_as_shortened(chat):
+    trajectory = episode(3)  # turns: (reply, observation) twice, then the final reply
+    prompt_len = len(chat.encode(trajectory.prompt)[0])
+    per_message = lengths(chat, trajectory.continuation)
+    (row,), counts = sft_rows([trajectory], chat, prompt_len + sum(per_message[-3:]))
+    assert counts == RowCounts(rows=1, rows_shortened=1)
+    assert row["input_ids"] == chat.encode([*trajectory.prompt, *trajectory.continuation[-3:]])[0]
 
 
 def pair(chosen_turns: int, rejected_turns: int) -> Pair:
@@ -234,3 +243,38 @@ def test_dpo_row_counts_add_up_over_many_pairs(chat):
     rows, counts = dpo_rows([silent, p, silent, p], chat, max_length)
     assert counts == RowCounts(rows=2, rows_shortened=2, rows_dropped_no_loss=2)
     assert len(rows) == 2 and rows[0] == rows[1]
+
+
+def sampled_answer(chat, text: str = "<answer>blue</answer>") -> Message:
+    ids = chat.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return Message(role="assistant", content=text, loss=True, token_ids=ids, end_generated=True)
+
+
+def rl_episode(messages: list[Message]) -> Trajectory:
+    return Trajectory(task_id="q", env="qa", messages=messages, episode_start=1, reward=1.0)
+
+
+def test_an_rl_row_opens_as_the_template_renders_a_chat_that_starts_with_the_user(chat):
+    question, answer = Message(role="user", content="Which colour?"), sampled_answer(chat)
+    (row,), _ = rl_rows([rl_episode([question, answer])], chat, 512)
+    opening, _ = chat.encode([question])  # SmolLM2's template adds its default system prompt
+    assert chat.tokenizer.decode(opening).startswith("<|im_start|>system\nYou are a helpful")
+    body = chat.header_ids + answer.token_ids + chat.turn_end_ids
+    assert row["input_ids"] == opening + body
+
+
+def test_sampler_logprobs_of_another_length_than_the_reply_are_not_used(chat):
+    answer = sampled_answer(chat)
+    answer.logprobs = [-0.5] * (len(answer.token_ids) + 1)  # one for the end token as well
+    (row,), _ = rl_rows([rl_episode([SYSTEM, TASK, answer])], chat, 512)
+    assert row["logprobs"] == [None] * len(row["input_ids"])
+
+
+def test_an_rl_row_of_exactly_max_length_is_kept_and_every_longer_one_counted(chat):
+    trajectory = rl_episode([SYSTEM, TASK, sampled_answer(chat)])
+    (row,), _ = rl_rows([trajectory], chat, 512)
+    exact = len(row["input_ids"])
+    rows, counts = rl_rows([trajectory, trajectory, trajectory], chat, exact)
+    assert len(rows) == 3 and counts == RowCounts(rows=3)
+    rows, counts = rl_rows([trajectory, trajectory, trajectory], chat, exact - 1)
+    assert rows == [] and counts == RowCounts(rows_dropped_too_long=3)

@@ -461,3 +461,59 @@ def test_two_trees_built_together_node_by_node_as_worked_out_by_hand(chat, resto
     assert first_sampling == SamplingSettings(temperature=0.7, top_p=0.9, max_tokens=20, seed=5)
     assert second_sampling == SamplingSettings(temperature=0.7, top_p=0.9, max_tokens=20,
                                                seed=5 + 1_000_003)  # fmt: skip
+
+
+def test_a_child_whose_next_prompt_fills_the_context_exactly_is_expanded(chat):
+    """room = max_model_len - the reply header - max_tokens: a child whose prompt (with its reply
+    and observation) is exactly that long can still be expanded; one token longer, it ends."""
+    from flywheel.inference import SamplingSettings
+
+    prefix = [Message(role="system", content="S")]
+    up = chat.tokenizer("Action: up", add_special_tokens=False)["input_ids"]
+    after_up = chat.encode(prefix + [
+        Message(role="user", content="Goal: win t."),
+        Message(role="assistant", content="Action: up", token_ids=up),
+        Message(role="user", content="Observation: at 1"),
+    ])[0]  # fmt: skip
+    exact = len(after_up) + len(chat.header_ids) + 20
+
+    def first_child(max_model_len):
+        limits = SearchLimits(iterations=1, max_depth=5, samples_per_node=1,
+                              max_model_len=max_model_len,
+                              sampling=SamplingSettings(max_tokens=20))  # fmt: skip
+        backend = ScriptedCalls(chat.tokenizer, [["Action: up"]] * 3)
+        (tree,) = search(Dial(), ["t"], backend, chat, prefix, limits, progress=False)
+        return tree.nodes[1]
+
+    fits, too_long = first_child(exact), first_child(exact - 1)
+    assert (fits.finish, fits.children) == ("", [2])  # expanded in turn
+    assert (too_long.finish, too_long.children) == ("context", [])
+
+
+class LeftOrRight:
+    """Every expansion samples two replies, 'left' then 'right': tied children for the coin."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts, sampling):
+        out = []
+        for i in range(len(prompts)):
+            text = format_reply("go", "left" if i % 2 == 0 else "right")
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            out.append(Generation(text, ids + [self.tokenizer.eos_token_id], "stop"))
+        return out
+
+
+def test_the_seed_tosses_the_tie_breaking_coin_and_is_zero_unless_told(chat):
+    limits = SearchLimits(iterations=2, max_depth=3, samples_per_node=2)
+    prefix = [Message(role="system", content="S")]
+
+    def parents(**seed):
+        backend = LeftOrRight(chat.tokenizer)
+        (tree,) = search(Corridor(), ["t"], backend, chat, prefix, limits, progress=False, **seed)
+        return [n.parent for n in tree.nodes[1:]]
+
+    assert parents() == parents(seed=0) == [0, 0, 1, 1, 3, 3, 2, 2, 7, 7]
+    assert parents(seed=1) == [0, 0, 1, 1, 3, 3, 2, 2, 8, 8]
+    assert parents(seed=2) == [0, 0, 2, 2, 3, 3, 1, 1, 8, 8]

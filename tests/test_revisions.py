@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from tree_nodes import crafting_tree, step
 
@@ -20,7 +22,13 @@ from tasks.critique import (
     shorten_middle,
 )
 from tasks.select_paths import select_good, select_pairs
-from tasks.splice import bad_prefix_end, build_training_data, splice_revision
+from tasks.splice import (
+    REVISION_THOUGHTS,
+    bad_prefix_end,
+    build_training_data,
+    revision_reply,
+    splice_revision,
+)
 from training.datasets import sft_rows
 
 # These tests cover the written critique: the model's reply and the verdict parsed from it.
@@ -550,3 +558,63 @@ def test_each_mode_builds_its_own_data(tree):
     assert counts("revision", False) == {"revisions": 1, "good_paths": 0}
     assert counts("revision", True) == {"revisions": 1, "good_paths": 1}
     assert counts("direct", False) == {"revisions": 1, "good_paths": 0}
+
+
+def acacia_tree(after_error: str) -> SearchTree:
+    """root -> 1 get 1 acacia logs -> {2 get 2 cobblestone (the error) -> 3 `after_error`
+    (fails), 4 get 1 acacia logs (solves)}, on the real TextCraft task."""
+    nodes = [
+        TreeNode(id=0, observation=make_env("textcraft").start("acacia_boat").instruction),
+        step(1, 0, 1, "get 1 acacia logs", "Got 1 acacia logs"),
+        step(2, 1, 2, "get 2 cobblestone", "Got 2 cobblestone"),
+        step(3, 2, 3, after_error, "...", finish="max_depth", score=0.0),
+        step(4, 1, 2, "get 1 acacia logs", "Got 1 acacia logs", finish="done", score=1.0),
+    ]
+    for n in nodes[1:]:
+        nodes[n.parent].children.append(n.id)
+    return SearchTree(task_id="acacia_boat", env="textcraft", nodes=nodes)
+
+
+ACACIA_PAIR = PathPair(task_id="acacia_boat", good_leaf=4, bad_leaf=3, good_score=1,
+                       bad_score=0, divergence=1)  # fmt: skip
+
+
+def test_the_noop_is_answered_after_the_error_step_not_after_the_steps_past_it():
+    """The step after the error changes the inventory: the revision turn's no-op must not see it
+    (it is cut away), while Direct-Revision, which keeps the whole bad path, does."""
+    env, tree = make_env("textcraft"), acacia_tree("get 1 acacia logs")
+    judged = Critique(task_id="acacia_boat", pair=0, judged_from=1, verdicts=["bad"],
+                      responses=[""], first_error=1)  # fmt: skip
+    prefix = [Message(role="system", content="S")]
+    args = (env, [tree], [ACACIA_PAIR], [], [judged], prefix)
+    (revision,), _ = build_training_data(*args, "revision", include_good=False)
+    assert [m.content for m in revision.continuation][5] == (
+        "Observation: Inventory: [acacia logs] (1) [cobblestone] (2)"
+    )
+    (direct,), _ = build_training_data(*args, "direct", include_good=False)
+    assert [m.content for m in direct.continuation][7] == (
+        "Observation: Inventory: [acacia logs] (2) [cobblestone] (2)"
+    )
+
+
+def test_the_revision_thought_is_one_of_the_listed_ones_drawn_with_seed_zero_unless_told():
+    assert revision_reply("inventory", random.Random(3)) == (
+        f"Thought: {random.Random(3).choice(REVISION_THOUGHTS)}\nAction: inventory"
+    )
+    env, tree = make_env("textcraft"), acacia_tree("inventory")
+    prefix = [Message(role="system", content="S")]
+    pairs = [ACACIA_PAIR] * 6
+
+    def thoughts(*seed):
+        data, _ = build_training_data(env, [tree], pairs, [], [], prefix, "revision", False, *seed)
+        return [t.continuation[6].content.split("\n")[0] for t in data]
+
+    drawn = random.Random(0)
+    assert thoughts() == [f"Thought: {drawn.choice(REVISION_THOUGHTS)}" for _ in pairs]
+    assert thoughts() == thoughts(0) != thoughts(1)
+
+
+def test_a_step_without_an_action_is_wasted_even_after_the_goal_is_crafted():
+    env = make_env("textcraft")
+    plan = [action for _, action in env.expert_plan("acacia_boat")]
+    assert env.mistakes("acacia_boat", [*plan, None]) == [False] * len(plan) + [True]

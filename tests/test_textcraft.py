@@ -266,3 +266,43 @@ def test_unknown_task_id_raises_key_error_naming_it():
     for bad in ["no_such_item", "minecraft:yellow_bed", "oak_planks"]:  # oak planks: depth 1
         with pytest.raises(KeyError, match=re.escape(bad)):
             env.start(bad)
+
+
+def test_a_restored_finished_episode_stays_over_and_says_so():
+    finished = {"inventory": {"minecraft:yellow_bed": 1}, "done": True}
+    episode = TextCraftEnv().start("yellow_bed")
+    episode.restore(finished)
+    over = StepResult("The goal is already crafted; the episode is over.", 0.0, True)
+    assert episode.step("get 1 oak logs") == over
+    assert episode.inventory == {"minecraft:yellow_bed": 1}
+
+
+def test_refused_actions_are_told_word_for_word_what_is_wrong():
+    episode = TextCraftEnv().start("yellow_bed")
+    assert episode.step(3) == StepResult("Actions are text, not int.", 0.0, False)  # type: ignore[arg-type]
+    assert episode.step("  ") == StepResult(
+        "Empty action. Use 'get N item', 'craft N item using N item, ...' or 'inventory'.",
+        0.0,
+        False,
+    )
+
+
+def test_tidy_names_tags_and_items_as_the_instruction_does():
+    from envs.textcraft import _tidy
+
+    tag = "ItemTagWithCount(item_tag=ItemTag(tag='minecraft:planks', item_id=None), count=3)"
+    item = "ItemTagWithCount(item_tag=ItemTag(tag=None, item_id='minecraft:oak_planks'), count=4)"
+    assert (_tidy(tag), _tidy(item)) == ("3 planks", "4 oak planks")
+    assert _tidy("Could not find enough items to craft None") == (
+        "Could not find enough items for that recipe"
+    )
+
+
+def test_an_action_of_exactly_the_length_limit_is_played_and_one_longer_refused():
+    from envs.textcraft import MAX_ACTION_CHARS
+
+    episode = TextCraftEnv().start("yellow_bed")
+    at_limit = episode.step("x" * MAX_ACTION_CHARS).observation
+    assert not at_limit.startswith("Action too long")
+    too_long = episode.step("x" * (MAX_ACTION_CHARS + 1)).observation
+    assert too_long == f"Action too long ({MAX_ACTION_CHARS + 1} characters); send one command."

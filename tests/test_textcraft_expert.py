@@ -131,3 +131,10 @@ def test_the_expert_check_plays_each_plan_and_reports_what_failed(monkeypatch, c
         "solved 10/12 (83.3%); failed: ['x', 'y']\n"
         "plan length: min 1 median 5.5 p90 9 p95 10 max 10\n"
     )
+
+
+def test_an_empty_expert_plan_counts_as_failed(monkeypatch):
+    import envs.textcraft as textcraft
+
+    monkeypatch.setattr(textcraft, "solve", lambda instruction, tags: [])
+    assert textcraft.evaluate_expert(["oak_boat"]) == ({}, ["oak_boat"])
