@@ -40,10 +40,11 @@ test-fast: install
 
 # Mutation testing of the core modules against the fast tests ([tool.mutmut] in pyproject.toml);
 # not part of `make test` (tens of minutes). `mutmut results` lists survivors, `mutmut show NAME`
-# shows one. MUTANTS narrows the run, e.g. MUTANTS='agents.mcts*'.
+# shows one. MUTANTS narrows the run, e.g. MUTANTS='agents.mcts*'. One OpenMP thread: mutmut forks
+# its children after torch's thread pool exists, and a child in a torch test then waits on a lock forever.
 mutation: install
 	rm -rf mutants
-	nice -n 19 .venv/bin/mutmut run --max-children $(or $(MUTATION_JOBS),2) $(MUTANTS)
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 19 .venv/bin/mutmut run --max-children $(or $(MUTATION_JOBS),2) $(MUTANTS)
 	.venv/bin/python scripts/mutation_scores.py
 
 lint: install
