@@ -29,6 +29,7 @@ from flywheel.records import EpisodeStats, Message, Trajectory
 from flywheel.settings import EnvSettings
 from flywheel.stage import StageResult
 from flywheel.storage import ArtifactStore
+from training.pareto import mixed_group_ids
 
 
 @dataclass(frozen=True)
@@ -510,11 +511,9 @@ def zero_variance_share(groups: dict[str, list[float]]) -> float:
 def mixed_outcome_share(trajectories: list[Trajectory]) -> float:
     """Share of the sampled groups holding both a success and a failure: the groups a signal on
     the outcome itself comes from (`rl.groups: mixed` trains on these alone)."""
-    outcomes: dict[str, set[bool]] = {}
-    for t in trajectories:
-        if t.group_id is not None:
-            outcomes.setdefault(t.group_id, set()).add(t.success)
-    return sum(len(o) == 2 for o in outcomes.values()) / len(outcomes) if outcomes else 0.0
+    groups = {t.group_id for t in trajectories if t.group_id is not None}
+    mixed = mixed_group_ids((t.group_id, t.success) for t in trajectories)
+    return len(mixed) / len(groups) if groups else 0.0
 
 
 class EpisodesLost(RuntimeError):

@@ -36,7 +36,7 @@ Readings where the paper leaves a choice (tests pin each one):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -138,6 +138,17 @@ def mixed_groups(
 ) -> list[int]:
     """The indices of the groups with both successes and failures."""
     return [i for i, group in enumerate(correctness) if is_mixed(group, success_threshold)]
+
+
+def mixed_group_ids(outcomes: Iterable[tuple[str | None, bool]]) -> set[str]:
+    """The ids of the groups holding both a success and a failure, from one (group id, success)
+    per rollout; a rollout without a group id belongs to no group. The RL trainer's filter
+    (`rl.groups: mixed`) and the sample stages' share of such groups both count by this."""
+    outcomes_of: dict[str, set[bool]] = {}
+    for group, success in outcomes:
+        if group is not None:
+            outcomes_of.setdefault(group, set()).add(success)
+    return {group for group, seen in outcomes_of.items() if len(seen) == 2}
 
 
 def variance(values: Sequence[float]) -> float:

@@ -64,7 +64,7 @@ from training.advantages import (
 )
 from training.datasets import rl_rows, token_counts
 from training.job import TrainingJob, load_model, parse_job, report_metrics
-from training.pareto import is_mixed
+from training.pareto import mixed_group_ids
 
 VALUE_HEAD_FILE = "value_head/head.safetensors"  # not at the top: see the docstring
 KL_IN_REWARD = ("reinforce++", "ppo")  # the other estimators put the KL in the loss
@@ -355,12 +355,8 @@ def read_trajectories(path: str) -> list[Trajectory]:
 def mixed_outcome_groups(trajectories: list[Trajectory]) -> list[Trajectory]:
     """The trajectories of the groups that hold both a success and a failure, in their order
     (`rl.groups: mixed`); a trajectory without a group id is a group of one, never mixed."""
-    groups: dict[str, list[Trajectory]] = {}
-    for position, t in enumerate(trajectories):
-        groups.setdefault(t.group_id or f"\0alone-{position}", []).append(t)
-    mixed = {id(t) for g in groups.values() if is_mixed([float(t.success) for t in g], 0.5)
-             for t in g}  # fmt: skip
-    return [t for t in trajectories if id(t) in mixed]
+    mixed = mixed_group_ids((t.group_id, t.success) for t in trajectories)
+    return [t for t in trajectories if t.group_id in mixed]
 
 
 def train(job: TrainingJob) -> dict:
