@@ -377,7 +377,7 @@ def train(job: TrainingJob) -> dict:
                 f"; rl.groups=mixed kept {len(trajectories)} of {len(sampled_trajectories)} "
                 "(no group held both a success and a failure: sample more episodes per "
                 "question, or set rl.groups=all)"
-                if settings.groups == "mixed"
+                if settings.groups == "mixed" and not trajectories
                 else ""
             )
         )
