@@ -15,10 +15,12 @@ context tokens of those rows. What is reported per variant:
 
 - trained tokens/s: real (non-padding) tokens of the rows / trl's `train_runtime`;
 - padding: tokens processed that are padding (a DPO pair's shorter side is padded to the longer);
-- model FLOP/s: forward 2 x (layer + lm_head parameters) a token, backward 4 x trainable layer
-  parameters + 2 x lm_head parameters a token (frozen bottom layers and embeddings get no
-  backward); DPO adds the reference model's forward unless it is precomputed. Attention over the
-  context is left out, so the fractions are conservative;
+- model FLOP/s: forward 2 x layer parameters a token, backward 4 x trainable layer parameters a
+  token (frozen bottom layers and embeddings get no backward), and 4 x lm_head parameters for each
+  position the LM head projects (forward, and backward to the hidden states): the loss-carrying
+  positions as shipped, every position in the "every position" variants (trl's way on a CPU).
+  DPO adds the reference model's forward unless it is precomputed. Attention over the context is
+  left out, so the fractions are conservative;
 - fraction of the float32 matmul bound on all threads, timed in this run.
 
     python bench/train_throughput.py                       # SmolLM2-135M, the shipped settings
@@ -41,17 +43,31 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout_throughput import ModelShape, matmul_flops, model_shape, resolve_model  # noqa: E402
 
-# Variants: name -> (trainer, trl_args on top of the shipped settings).
+# Variants: name -> (trainer, trl_args on top of the shipped settings, TrainingJob fields).
+EVERY_POSITION = {"score_every_position": True}
 VARIANTS = {
-    "sft": ("sft", {}),
+    "sft": ("sft", {}, {}),
     "sft, rows packed to max_length (bfd, padding-free)": (
         "sft",
         {"packing": True, "packing_strategy": "bfd", "gradient_accumulation_steps": 1},
+        {},
     ),
-    "sft, gradient checkpointing (trl's default)": ("sft", {"gradient_checkpointing": True}),
-    "dpo": ("dpo", {}),  # as shipped: reference log-probs computed once, before training
-    "dpo, reference forward every step": ("dpo", {"precompute_ref_log_probs": False}),
-    "dpo, gradient checkpointing (trl's default)": ("dpo", {"gradient_checkpointing": True}),
+    "sft, gradient checkpointing (trl's default)": ("sft", {"gradient_checkpointing": True}, {}),
+    "sft, every position through the LM head (trl on a CPU)": ("sft", {}, EVERY_POSITION),
+    "sft, as at issue 13 (checkpointing, every position)": (
+        "sft",
+        {"gradient_checkpointing": True},
+        EVERY_POSITION,
+    ),
+    "dpo": ("dpo", {}, {}),  # as shipped: reference log-probs computed once, before training
+    "dpo, reference forward every step": ("dpo", {"precompute_ref_log_probs": False}, {}),
+    "dpo, gradient checkpointing (trl's default)": ("dpo", {"gradient_checkpointing": True}, {}),
+    "dpo, every position through the LM head (trl on a CPU)": ("dpo", {}, EVERY_POSITION),
+    "dpo, as at issue 13 (reference every step, checkpointing, every position)": (
+        "dpo",
+        {"precompute_ref_log_probs": False, "gradient_checkpointing": True},
+        EVERY_POSITION,
+    ),
 }
 
 
@@ -105,11 +121,13 @@ def trainable_layer_parameters(shape: ModelShape, frozen_layers: int) -> int:
     return per_layer * max(0, shape.layers - frozen_layers)
 
 
-def training_flops(shape: ModelShape, tokens: int, frozen_layers: int) -> float:
-    """Forward and backward matmul FLOPs of `tokens` tokens (see the module docstring)."""
-    forward = 2 * (shape.non_embedding + shape.lm_head)
-    backward = 4 * trainable_layer_parameters(shape, frozen_layers) + 2 * shape.lm_head
-    return float((forward + backward) * tokens)
+def training_flops(shape: ModelShape, tokens: int, projected: int, frozen_layers: int) -> float:
+    """Forward and backward matmul FLOPs of `tokens` tokens, `projected` of them through the LM
+    head (see the module docstring)."""
+    layers = (
+        2 * shape.non_embedding + 4 * trainable_layer_parameters(shape, frozen_layers)
+    ) * tokens
+    return float(layers + 4 * shape.lm_head * projected)
 
 
 def expert_data(count: int, max_expert_steps: int):
@@ -165,7 +183,7 @@ def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured
     from training.job import TrainingJob
     from training.launch import launch
 
-    trainer, extra = VARIANTS[name]
+    trainer, extra, job_fields = VARIANTS[name]
     if trainer == "sft":
         settings = SFTSettings(epochs=1, learning_rate=1e-4, max_length=args.max_length)
         trl_args = sft_trl_args(settings, 0)
@@ -180,6 +198,7 @@ def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured
         model_dir=str(model_dir), data_file=str(data), output_dir=str(work / "model"),
         max_length=args.max_length, frozen_layers=args.frozen_layers,
         trl_args={**trl_args, **extra, "output_dir": str(work / "trl"), "report_to": "none"},
+        **job_fields,
     )  # fmt: skip
     metrics_file = work / "metrics.json"
     print(f"training: {name} ...", file=sys.stderr)
@@ -189,9 +208,11 @@ def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured
     )  # fmt: skip
     metrics = json.loads(metrics_file.read_text())
     rows, real, processed = token_counts(trainer, records, model_dir, args.max_length)
-    flops = training_flops(shape, processed, args.frozen_layers)
+    every_position = job_fields.get("score_every_position", False)
+    projected = processed if every_position else int(metrics["loss_tokens_per_epoch"])
+    flops = training_flops(shape, processed, projected, args.frozen_layers)
     if trainer == "dpo":  # the reference model's forward: once before training, or every step
-        flops += 2 * (shape.non_embedding + shape.lm_head) * processed
+        flops += 2 * shape.non_embedding * processed + 2 * shape.lm_head * projected
     return Measured(
         variant=name, trainer=trainer, rows=rows, real_tokens=real, processed_tokens=processed,
         seconds=float(metrics["train_runtime"]), steps=int(metrics["optimizer_steps"]),

@@ -49,6 +49,34 @@ def test_frozen_layers_and_embeddings_stay_put_after_a_step(tiny_model_dir, chat
     assert changed(unfrozen, before) == names  # frozen_layers=0 trains every parameter
 
 
+def test_the_lm_head_projects_only_the_loss_positions_on_a_cpu(tiny_model_dir, chat, monkeypatch):
+    import trl.trainer.utils as trl_utils
+    from trl.kernels.chunked_logprob import _use_triton
+    from trl.trainer.utils import add_fused_lm_head
+
+    # trl's own choice (an earlier load_model in this process replaced it), restored afterwards
+    monkeypatch.setattr(trl_utils, "_use_triton", _use_triton)
+    projected, project = [], trl_utils._ChunkedLogProbFunction.apply
+
+    def count_rows(hidden, *rest):
+        projected.append(hidden.shape[0])
+        return project(hidden, *rest)
+
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", count_rows)
+    ids = torch.tensor([chat.tokenizer("craft 4 oak planks using 1 oak logs")["input_ids"]])
+    labels = ids.masked_fill(torch.arange(ids.shape[1]) < ids.shape[1] - 3, -100)
+    log_probs = {}
+    for every in (True, False):  # trl's CPU default first, then the shipped one
+        model = load_model(TrainingJob(str(tiny_model_dir), "", "", score_every_position=every))
+        add_fused_lm_head(model)
+        log_probs[every] = model(input_ids=ids, labels=labels, fused_lm_head=True).log_probs
+    # Every position but the last predicts a token; only the 3 with a label are projected, and
+    # they get the log-probabilities the full projection gives.
+    assert projected == [ids.shape[1] - 1, 3]
+    assert (log_probs[False] != 0).sum() == 3
+    torch.testing.assert_close(log_probs[False], log_probs[True])
+
+
 def test_freezing_more_layers_than_the_model_has_is_refused(tiny_model_dir):
     with pytest.raises(ValueError, match="frozen_layers=3 but the model has 2"):
         load_model(TrainingJob(str(tiny_model_dir), "", "", frozen_layers=3))
