@@ -99,8 +99,8 @@ def score_loss_positions_only() -> None:
     trl does so only where Triton runs its kernel: elsewhere it scores every position so that tile
     shapes stay fixed for compilers (Neuron's). Nothing recompiles on a CPU, and an agent's
     trajectory has a loss on about a quarter of its tokens, so this gives the same log-probabilities
-    at 1.8x (SFT) and 2x (DPO) the trained tokens/s (bench/train_throughput.py). The kernel's own choice of Triton is
-    left alone.
+    at 1.8x (SFT) and 2x (DPO) the trained tokens/s (bench/train_throughput.py). The kernel's own
+    choice of Triton is left alone.
     """
     import trl.trainer.utils as trl_utils
 
