@@ -53,6 +53,8 @@ def test_a_continuation_replays_the_kept_turns_then_goes_on_after_the_hint(env, 
     # replayed calls count: search, search (repeat), then search, python, answer
     assert continued.metrics["tool_calls"] == 4 and continued.n_steps == 5
     assert policy.calls[-3:] == [1, 1, 1]  # only the continuation was generated
+    # one episode from a kept prefix, not one of the task's sampled group: no group advantage
+    assert continued.group_id is None
 
 
 def test_a_replay_that_differs_from_the_record_ends_that_episode_only(env, chat, questions):

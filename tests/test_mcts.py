@@ -463,6 +463,24 @@ def test_two_trees_built_together_node_by_node_as_worked_out_by_hand(chat, resto
                                                seed=5 + 1_000_003)  # fmt: skip
 
 
+@pytest.mark.parametrize("restore", [True, False])
+def test_below_a_reply_without_an_action_the_episode_goes_on_from_its_parents_state(chat, restore):
+    """root -> 1 'up' (at 1) -> 2 no action (hint) -> 3 'up' (at 2) -> 4 'win': the reply without
+    an action leaves the dial where its parent left it, restored or replayed."""
+    replies = [["Action: up"], ["Thought: hmm"], ["Action: up"], ["Action: win"]]
+    limits = SearchLimits(iterations=4, max_depth=4, samples_per_node=1, restore_state=restore)
+    prefix = [Message(role="system", content="S")]
+    (tree,) = search(Dial(), ["t"], ScriptedCalls(chat.tokenizer, replies), chat, prefix, limits,
+                     progress=False)  # fmt: skip
+    assert [(n.id, n.parent, n.action, n.observation, n.reward, n.finish) for n in tree.nodes] == [
+        (0, None, None, "Goal: win t.", 0.0, ""),
+        (1, 0, "up", "at 1", 0.25, ""),
+        (2, 1, None, FORMAT_HINT, 0.25, ""),  # rewards summed along the path
+        (3, 2, "up", "at 2", 0.5, ""),
+        (4, 3, "win", "You won.", 1.5, "done"),
+    ]  # fmt: skip
+
+
 def test_a_child_whose_next_prompt_fills_the_context_exactly_is_expanded(chat):
     """room = max_model_len - the reply header - max_tokens: a child whose prompt (with its reply
     and observation) is exactly that long can still be expanded; one token longer, it ends."""
