@@ -535,7 +535,7 @@ def test_a_sampled_stage_averages_episode_metrics_and_counts_groups_without_vari
         ("q3", 0.0, {"exact_match": 0.0}),
     ]
     trajectories = [
-        played(task, reward, False, 1, "done").model_copy(
+        played(task, reward, reward > 1, 1, "done").model_copy(
             update={"group_id": task, "metrics": metrics}
         )
         for task, reward, metrics in group
@@ -545,6 +545,15 @@ def test_a_sampled_stage_averages_episode_metrics_and_counts_groups_without_vari
     assert manifest.metrics["episode_tool_calls"] == pytest.approx(10 / 6)
     # q2 (0.1, 0.1) and q3 (0, 0) have no spread; q1 (1.1, 0) has
     assert manifest.metrics["zero_variance_groups"] == pytest.approx(2 / 3)
+    # only q1 holds both a success (its 1.1) and a failure
+    assert manifest.metrics["mixed_outcome_groups"] == pytest.approx(1 / 3)
+
+
+def test_a_rollout_stage_with_no_episode_reports_zeros(tmp_path, tiny_model_dir, monkeypatch):
+    manifest, *_ = published_stage(tmp_path, tiny_model_dir, monkeypatch, [])
+    assert manifest.counts["episodes"] == 0
+    assert manifest.metrics["generated_tokens_per_episode"] == 0
+    assert manifest.metrics["success_rate"] == 0
 
 
 def test_group_rewards_and_the_share_of_groups_without_variance():
