@@ -18,6 +18,7 @@ from envs.textcraft import (
     all_task_ids,
     instruction_for,
     load_game,
+    reachable_recipes,
     split_of,
 )
 
@@ -121,6 +122,23 @@ def test_starting_episodes_never_grows_the_tree():
         assert env.start("yellow_bed").instruction == first
     assert instruction_for.__wrapped__("yellow_bed") == first
     assert _recipe_count() == before
+
+
+def test_a_recipe_reached_along_two_paths_is_listed_once():
+    # an anvil takes iron blocks and iron ingots; the blocks are made of ingots too
+    recipes = reachable_recipes(load_game().crafting_tree, "minecraft:anvil")
+    assert [
+        (r.output_item.item_tag.name, [(i.item_tag.name, i.count) for i in r.input_items])
+        for r in recipes
+    ] == [
+        ("minecraft:anvil", [("minecraft:iron_block", 3), ("minecraft:iron_ingot", 4)]),
+        ("minecraft:iron_ingot", [("minecraft:iron_nugget", 9)]),
+        ("minecraft:iron_block", [("minecraft:iron_ingot", 9)]),
+    ]
+
+
+def test_an_episode_knows_its_task():
+    assert TextCraftEnv().start("anvil").task_id == "anvil"
 
 
 def test_observations_use_readable_names():
