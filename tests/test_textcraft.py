@@ -137,6 +137,11 @@ def test_a_recipe_reached_along_two_paths_is_listed_once():
     ]
 
 
+def test_an_unknown_split_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown split 'dev'; expected 'train' or 'test'"):
+        TextCraftEnv().task_ids("dev")
+
+
 def test_an_episode_knows_its_task():
     assert TextCraftEnv().start("anvil").task_id == "anvil"
 
