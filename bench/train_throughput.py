@@ -91,7 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="NAME",
         help=f"which to run, of: {'; '.join(VARIANTS)}",
     )
-    parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
+    parser.add_argument(
+        "--out", type=Path, help="also append the table (markdown) to this file, keeping its runs"
+    )
     return parser.parse_args(argv)
 
 
@@ -284,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     table = report(results, info)
     print(table)
     if args.out:
-        args.out.write_text(table + "\n")
+        with args.out.open("a") as results:
+            results.write("\n" + table + "\n")
     return 0
 
 
