@@ -286,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     table = report(results, info)
     print(table)
     if args.out:
-        with args.out.open("a") as results:
-            results.write("\n" + table + "\n")
+        with args.out.open("a") as out:
+            out.write("\n" + table + "\n")
     return 0
 
 
