@@ -24,7 +24,7 @@ context tokens of those rows. What is reported per variant:
 - fraction of the float32 matmul bound on all threads, timed in this run.
 
     python bench/train_throughput.py                       # SmolLM2-135M, the shipped settings
-    python bench/train_throughput.py --model tiny --tasks 4 --pairs 4   # smoke test
+    python bench/train_throughput.py --model tiny --frozen-layers 1 --tasks 4 --pairs 4  # smoke test
 """
 
 from __future__ import annotations
