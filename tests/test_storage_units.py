@@ -309,6 +309,29 @@ def test_remote_folders_are_uploaded_and_copied_here_keyed_on_their_content(
     assert remote.local_file(f"{stage}/model/config.json") == blobs / sha(b"{}") / "config.json"
 
 
+def test_a_remote_folder_nested_two_deep_with_files_side_by_side_is_copied_whole(tmp_path, remote):
+    source = tmp_path / "model"
+    (source / "a" / "b").mkdir(parents=True)
+    for name in ("a/b/c.txt", "a/b/d.txt"):
+        (source / name).write_text(name)
+    stage = remote.url("run", "sft")
+    remote.upload_dir(source, f"{stage}/model")
+    remote.publish(Manifest(stage="sft", url=stage))
+    local = remote.local_dir(f"{stage}/model")
+    assert sorted(str(p.relative_to(local)) for p in local.rglob("*.txt")) == [
+        "a/b/c.txt", "a/b/d.txt"
+    ]  # fmt: skip
+    assert (local / "a" / "b" / "d.txt").read_text() == "a/b/d.txt"
+
+
+def test_blank_lines_between_records_are_skipped_not_the_end(tmp_path):
+    store = ArtifactStore(str(tmp_path))
+    url = store.url("m.jsonl")
+    first, second = Message(role="user", content="1"), Message(role="user", content="2")
+    store.write_text(url, f"{first.model_dump_json()}\n\n{second.model_dump_json()}\n")
+    assert store.read_records(url, Message) == [first, second]
+
+
 def test_an_unmanaged_remote_file_is_downloaded_each_time_and_stored_under_its_digest(
     tmp_path, remote
 ):
