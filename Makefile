@@ -30,13 +30,19 @@ demo-et-agent-grpo: install
 	  calibration.method=plain
 
 # Both tiers, the fast one first: a broken rule fails in minutes, before vLLM and trainers start.
+# The fast tier runs on TEST_JOBS processes (default 2: both cores), a test file to a process so
+# that a module's server or model is made once; the slow tier runs alone (vLLM and the trainers
+# use every core themselves).
+TEST_JOBS ?= 2
+FAST_TESTS = -m "not slow" -n $(TEST_JOBS) --dist loadfile
+
 test: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(FAST_TESTS)
 	$(PY) -m pytest -q -m slow
 
 # The fast tier alone (no vLLM, no trainer): run it on every change.
 test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(FAST_TESTS)
 
 # Mutation testing of the core modules against the fast tests ([tool.mutmut] in pyproject.toml);
 # not part of `make test` (tens of minutes). `mutmut results` lists survivors, `mutmut show NAME`

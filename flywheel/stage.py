@@ -95,6 +95,16 @@ def artifact_key(name: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", name.rstrip("/").rsplit("/", 1)[-1].lower()).strip("-")
 
 
+def publish_markdown(markdown: str, key: str, description: str) -> None:
+    """`markdown` as a Prefect artifact under `key`, inside a Prefect run only: a direct call
+    (`task.fn(...)`, a script) has no run to attach it to, and Prefect would start an API
+    server just to store it."""
+    from prefect.artifacts import create_markdown_artifact
+
+    if TaskRunContext.get() is not None:
+        create_markdown_artifact(markdown, key=artifact_key(key), description=description)
+
+
 class StageTask(Task):
     """A Prefect task whose function may end it in a state of its own ("Cached"); a direct call
     still returns the value, as for any task (Prefect would hand back the state itself)."""

@@ -15,13 +15,12 @@ import base64
 import io
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact
 
 from agents.behaviour import BehaviourMetrics, behaviour_metrics, episode_summary
 from agents.formats import AgentFormat, ToolCall, make_format
 from flywheel.confidence import wilson_interval
 from flywheel.records import Manifest, Trajectory
-from flywheel.stage import TrackingRef, artifact_key
+from flywheel.stage import TrackingRef, publish_markdown
 from flywheel.storage import ArtifactStore
 
 AXES = ("correctness", "efficiency", "conciseness", "successful execution", "brevity")
@@ -164,9 +163,9 @@ def behaviour_report(
                 step,
             )
     image = base64.b64encode(png).decode()
-    create_markdown_artifact(
+    publish_markdown(
         f"# {title}: behaviour\n\n{table}\n![radar](data:image/png;base64,{image})\n",
-        key=f"{artifact_key(run_url)}-behaviour",
+        key=f"{run_url}-behaviour",
         description=f"{title}: behaviour radar",
     )
     return rows

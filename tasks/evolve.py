@@ -44,7 +44,7 @@ from flywheel.chat import ChatTokenizer
 from flywheel.inference import InferenceBackend, OpenAIBackend, SamplingSettings, VLLMBackend
 from flywheel.records import Message, Trajectory
 from flywheel.settings import EnvSettings, FlywheelSettings, InferenceSettings, JudgeSettings
-from flywheel.stage import StageResult, StageRun, stage
+from flywheel.stage import StageResult, StageRun, publish_markdown, stage
 
 OPERATORS = (
     "rollout",
@@ -426,18 +426,6 @@ def summary_markdown(counts: dict, metrics: dict) -> str:
     return "\n".join(lines)
 
 
-def publish_summary(markdown: str, url: str) -> None:
-    """The summary as a Prefect artifact, inside a Prefect run (a direct call has none)."""
-    from prefect.artifacts import create_markdown_artifact
-    from prefect.context import TaskRunContext
-
-    from flywheel.stage import artifact_key
-
-    if TaskRunContext.get() is not None:
-        create_markdown_artifact(markdown, key=artifact_key(f"{url}-flywheel"),
-                                 description="ET-Agent flywheel")  # fmt: skip
-
-
 def body(inputs: EvolveInputs, run: StageRun) -> StageResult:
     from envs import make_env
 
@@ -457,7 +445,7 @@ def body(inputs: EvolveInputs, run: StageRun) -> StageResult:
     }
     markdown = summary_markdown(counts, metrics)
     files["summary"] = run.store.write_text(run.file("summary.md"), markdown)
-    publish_summary(markdown, run.url)
+    publish_markdown(markdown, f"{run.url}-flywheel", "ET-Agent flywheel")
     return StageResult(files=files, counts=counts, metrics=metrics)
 
 

@@ -106,11 +106,11 @@ def test_an_mlflow_server_that_never_answers_times_out_in_seconds(tmp_path):
 def test_a_fresh_sqlite_store_opened_by_processes_at_once_stays_usable(tmp_path):
     """Without the lock next to the database, one of two processes creating it at the same
     moment crashes in MLflow's migration."""
-    database = tmp_path / "mlflow.db"
-    start_at = time.time() + 8  # every process imported MLflow by then
+    database, go = tmp_path / "mlflow.db", tmp_path / "go"
+    # Each process imports MLflow, says so, then waits for the others: they open the store together.
     script = (
-        "import sys, time; from flywheel.tracking import Tracker; "
-        f"time.sleep(max(0, {start_at} - time.time())); "
+        "import os, time; from flywheel.tracking import Tracker; print('ready', flush=True)\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
         f"t = Tracker('sqlite:///{database}', 'flywheel'); print('experiment', t.experiment_id)"
     )
     repo = Path(__file__).resolve().parent.parent
@@ -120,6 +120,8 @@ def test_a_fresh_sqlite_store_opened_by_processes_at_once_stays_usable(tmp_path)
         )
         for _ in range(3)
     ]
+    assert [p.stdout.readline() for p in processes] == [b"ready\n"] * 3
+    go.touch()
     outputs = [p.communicate(timeout=120) for p in processes]
     for process, (_, err) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, err.decode()[-2000:]

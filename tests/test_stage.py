@@ -115,3 +115,31 @@ def test_a_failure_leaves_a_record_naming_the_inputs_and_the_child_run_failed(st
     assert state.is_completed() and not store.exists(f"{out.url}/_FAILED.json")
     assert child_runs() == [("count/r1", "FINISHED", 3.0)]  # the flow run's one run per stage
     assert one_stage(inputs.model_copy(update={"fail": False})).name == "Cached"
+
+
+def test_markdown_is_published_inside_a_task_run_and_skipped_in_a_direct_call():
+    from prefect import flow, task
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flywheel.stage import publish_markdown
+
+    @task
+    def report(markdown: str, name: str) -> None:
+        publish_markdown(markdown, f"s3://bucket/runs/{name}-behaviour", "the radar")
+
+    @flow
+    def reporting(name: str):
+        report("# inside", name)
+
+    report.fn("# direct", "Direct_Call")  # no run to attach it to
+    reporting("ETO_Tiny")
+    with get_client(sync_client=True) as client:
+        found = {
+            key: client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+            )
+            for key in ("direct-call-behaviour", "eto-tiny-behaviour")
+        }
+    assert found["direct-call-behaviour"] == []
+    assert [a.data for a in found["eto-tiny-behaviour"]] == ["# inside"]
