@@ -72,7 +72,7 @@ def expert_trajectory(env: Environment, task_id: str, prefix: list[Message]) -> 
     episode = env.start(task_id)
     messages = prefix + [Message(role="user", content=episode.instruction)]
     reward, done, steps = 0.0, False, 0
-    for i, (thought, action) in enumerate(plan):
+    for thought, action in plan:
         steps += 1
         messages.append(turns.written_turn(thought, action))
         result = episode.step(action)
@@ -80,8 +80,7 @@ def expert_trajectory(env: Environment, task_id: str, prefix: list[Message]) -> 
         done = result.done
         if done:
             break
-        if i < len(plan) - 1:
-            messages.append(turns.observation(result.observation))
+        messages.append(turns.observation(result.observation))
     episode.close()
     if not done:
         return None

@@ -155,11 +155,12 @@ class ArtifactStore:
         return url[len(self.root) + 1 :].split("/", 1)[0]
 
     def list_files(self, url: str) -> list[str]:
-        """URLs of every file under `url`, or `url` itself when it is a file (none when absent)."""
+        """URLs of every file under `url`, or `url` itself when it is a file (none when absent).
+        A folder's URL may end in "/"; the files' URLs never hold "//"."""
+        url = url.rstrip("/")
         if not self.exists(url):
             return []
         fs, path = fsspec.core.url_to_fs(url)
-        path = path.rstrip("/")
         # Named as `url` names them: fsspec's own spelling of a protocol can differ.
         return sorted(url if p == path else f"{url}/{p[len(path) + 1 :]}" for p in fs.find(path))
 

@@ -8,9 +8,11 @@ import hashlib
 import json
 import os
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 import flywheel.storage as storage
 from flywheel.records import FileDigest, Manifest, Message
@@ -91,6 +93,7 @@ def test_writes_reads_and_listings(tmp_path):
     assert (tmp_path / "a" / "d.json").read_text() == '{\n  "x": [\n    1\n  ]\n}'
     assert store.read_json(store.url("a", "d.json")) == {"x": [1]}
     assert store.list_files(store.url("a")) == [store.url("a/b/c.bin"), store.url("a/d.json")]
+    assert store.list_files(store.url("a") + "/") == store.list_files(store.url("a"))
     assert store.list_files(store.url("a/d.json")) == [store.url("a/d.json")]
     assert store.list_files(store.url("nothing")) == []
     store.remove(store.url("a/d.json"))
@@ -126,6 +129,11 @@ def test_a_writable_store_leaves_nothing_behind_and_an_unwritable_one_is_named(t
     assert isinstance(error.value.__cause__, OSError)
 
 
+class Dated(BaseModel):
+    folder: Path
+    at: datetime
+
+
 def test_a_stage_key_resolves_settings_and_digests_every_artifact_it_names(tmp_path, monkeypatch):
     monkeypatch.setattr(storage, "code_version", lambda: "v1")
     store = ArtifactStore(str(tmp_path))
@@ -147,6 +155,11 @@ def test_a_stage_key_resolves_settings_and_digests_every_artifact_it_names(tmp_p
     }  # fmt: skip
     text = json.dumps([resolved, upstream, "v1"], sort_keys=True)
     assert key == sha(text.encode())[:16]
+    # Settings holding a path or a date enter as their JSON, as `model_dump(mode="json")` has them.
+    dated = Dated(folder=Path("/data/x"), at=datetime(2026, 11, 25, tzinfo=UTC))
+    as_json = {"s": {"folder": "/data/x", "at": "2026-11-25T00:00:00Z"}}
+    expected = sha(json.dumps([as_json, {}, "v1"], sort_keys=True).encode())[:16]
+    assert store.stage_key({"s": dated}) == (expected, {})
     assert store.stage_key({"url": "s3://elsewhere/x"}) == (
         sha(json.dumps([{"url": "s3://elsewhere/x"}, {}, "v1"], sort_keys=True).encode())[:16],
         {},
