@@ -17,6 +17,7 @@ from agents.turns import turns_for
 from flywheel.inference import Generation
 
 WRONG_ANSWER = "The results give the answer.\n<answer>Nobody</answer>"
+NO_CALL = "I am not sure what to do next."
 
 
 class PlannedQABackend:
@@ -47,6 +48,8 @@ class PlannedQABackend:
             text = plan[0]
         if mistake == "wrong-answer" and done == len(plan) - 1:
             text = WRONG_ANSWER
+        if mistake == "malformed" and done == 1 and NO_CALL not in episode:
+            text = NO_CALL  # no tool call in it: the format's error answers it
         ids = self.chat.tokenizer(text, add_special_tokens=False)["input_ids"]
         return Generation(text, ids + [self.chat.tokenizer.eos_token_id], "stop")
 

@@ -16,7 +16,7 @@ from flywheel.settings import EnvSettings, FlywheelSettings, InferenceSettings, 
 from flywheel.stage import StageOutput
 from flywheel.storage import ArtifactStore
 from tasks.evolve import EvolveInputs, FlywheelRecord, flywheel_stage
-from tests.scripted_qa import PlannedQABackend, ScriptedJudgeBackend
+from tests.scripted_qa import NO_CALL, PlannedQABackend, ScriptedJudgeBackend
 
 HINT = Message(role="user", content="Your previous step was wrong: try again.")
 
@@ -55,6 +55,22 @@ def test_a_continuation_replays_the_kept_turns_then_goes_on_after_the_hint(env, 
     assert policy.calls[-3:] == [1, 1, 1]  # only the continuation was generated
     # one episode from a kept prefix, not one of the task's sampled group: no group advantage
     assert continued.group_id is None
+
+
+def test_a_malformed_call_in_the_kept_turns_is_answered_again_with_the_formats_error(
+    env, chat, questions
+):
+    repeat, _ = questions
+    policy = PlannedQABackend(env, chat, {repeat: "malformed"})
+    [first] = run_batched(env, [repeat], policy, chat, agent_prefix(env, []),
+                          RolloutSettings(max_steps=8), False)  # fmt: skip
+    start = first.episode_start
+    assert first.messages[start + 3].content == NO_CALL and first.success
+    error = first.messages[start + 4].content
+    assert "No call in this reply" in error  # the format's error, not a tool's result
+    [continued] = continue_batched(env, [Resume(first, 2)], policy, chat, RolloutSettings(8))
+    assert continued.messages[: start + 5] == first.messages[: start + 5]
+    assert (continued.finish_reason, continued.success) == ("done", True)
 
 
 def test_a_replay_that_differs_from_the_record_ends_that_episode_only(env, chat, questions):
