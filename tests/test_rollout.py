@@ -282,7 +282,13 @@ def published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories, clock=(
     from flywheel.storage import ArtifactStore
 
     calls, readings = [], itertools.cycle(clock)
-    monkeypatch.setattr(rollout, "open_backend", lambda inference, model_dir, tok: "backend")
+
+    def open_backend(settings, model_dir, tokenizer):  # the stage's own settings and model
+        assert settings is inference and model_dir == str(tiny_model_dir)
+        assert tokenizer.name_or_path == model_dir
+        return "backend"
+
+    monkeypatch.setattr(rollout, "open_backend", open_backend)
 
     def run_batched(*args, samples_per_task):
         calls.append((*args, samples_per_task))
@@ -395,6 +401,21 @@ def test_an_evaluate_stage_is_keyed_on_every_input_and_reused_for_the_same_ones(
     for n, change in enumerate(changes, start=2):
         evaluate_stage.fn(inputs.model_copy(update=change), out)
         assert len(calls) == n, f"{change} was served from the store"
+
+
+def test_a_rollout_stage_with_lost_episodes_stores_them_all_then_fails_naming_the_file(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    from agents.rollout import EpisodesLost
+    from flywheel.records import Trajectory
+    from flywheel.storage import ArtifactStore
+
+    trajectories = [played("a", 1.0, True, 1, "done"), played("b", 0.0, False, 1, "lost: gone")]
+    with pytest.raises(EpisodesLost) as error:
+        published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories)
+    stored = ArtifactStore(str(tmp_path / "store")).url("explore", "trajectories.jsonl")
+    assert f"are in {stored}." in str(error.value)
+    assert ArtifactStore(str(tmp_path / "store")).read_records(stored, Trajectory) == trajectories
 
 
 def test_a_stage_with_lost_episodes_fails_and_names_the_first(tmp_path):
