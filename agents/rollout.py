@@ -372,8 +372,10 @@ def task_list(env: Environment, split, env_settings, seed: int) -> list[str]:
 
     limit = env_settings.train_tasks if split == "train" else env_settings.test_tasks
     eligible = within_expert_steps(env, env.task_ids(split), env_settings.max_expert_steps)
+    if not env.task_ids(split):
+        raise ConfigError(f"{env.name} has no {split} tasks: no run can use it")
     if not eligible:
-        shortest = min((len(env.expert_plan(t) or ()) for t in env.task_ids(split)), default=0)
+        shortest = min(len(env.expert_plan(t) or ()) for t in env.task_ids(split))
         raise ConfigError(
             f"env.max_expert_steps={env_settings.max_expert_steps} leaves no {split} task of "
             f"{env.name}; its shortest expert plan has {shortest} steps"

@@ -513,6 +513,8 @@ def test_a_task_list_that_cannot_be_had_names_the_setting_to_change():
         "env.test_tasks unset for all of them"
     )
     assert task_list(env, "test", tasks_setting(test=2), 0) == ["x", "y"]  # exactly all
+    with pytest.raises(ConfigError, match="^toy has no test tasks: no run can use it$"):
+        task_list(PlannedEnv({"a": 1}, {}), "test", tasks_setting(), 0)
 
 
 def test_an_episode_ends_on_context_once_its_prompt_leaves_no_room_for_a_reply(chat):

@@ -40,6 +40,7 @@ def test_each_step_prompts_with_the_chats_encoding_of_the_episode_so_far(chat):
     backend = ScriptedCalls(chat.tokenizer, [["Action: up"], ["Action: up"], ["Action: win"]])
     (trajectory,) = play(Dial(), ["t"], backend, chat)
     assert (trajectory.reward, trajectory.n_steps, trajectory.finish_reason) == (1.5, 3, "done")
+    assert trajectory.source == "policy"
     # call k sees the prefix, the instruction and k-1 replies with their observations
     start = trajectory.episode_start
     for k, (prompts, _) in enumerate(backend.calls):
