@@ -48,6 +48,14 @@ def test_each_step_prompts_with_the_chats_encoding_of_the_episode_so_far(chat):
         assert prompts == [chat.encode(seen)[0] + chat.header_ids], f"call {k}"
 
 
+def test_an_episode_with_the_top_reward_that_never_ended_is_no_success(chat):
+    backend = ScriptedCalls(chat.tokenizer, [["Action: up"]] * 8)
+    (trajectory,) = play(Dial(), ["t"], backend, chat, max_steps=8)
+    # eight notches earn the dial's top reward, but only 'win' ends an episode as done
+    assert (trajectory.reward, trajectory.finish_reason) == (2.0, "max_steps")
+    assert trajectory.success is False
+
+
 def test_an_episode_that_cannot_start_for_a_bug_is_raised_and_the_started_ones_closed(chat):
     env = BrokenStartDial()
     with pytest.raises(ValueError, match="no dial named u"):

@@ -94,6 +94,9 @@ def test_writes_reads_and_listings(tmp_path):
     assert store.read_json(store.url("a", "d.json")) == {"x": [1]}
     assert store.list_files(store.url("a")) == [store.url("a/b/c.bin"), store.url("a/d.json")]
     assert store.list_files(store.url("a") + "/") == store.list_files(store.url("a"))
+    store.write_text(store.url("LAX"), "a name ending in a letter is kept whole")
+    assert store.list_files(store.url("LAX")) == [store.url("LAX")]
+    store.remove(store.url("LAX"))
     assert store.list_files(store.url("a/d.json")) == [store.url("a/d.json")]
     assert store.list_files(store.url("nothing")) == []
     store.remove(store.url("a/d.json"))
