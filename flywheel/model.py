@@ -192,6 +192,10 @@ def _publish(out_dir: Path, spec: dict[str, Any], build: Callable[[Path], None])
     try:
         build(tmp)
         (tmp / MARKER).write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
+        if read_marker(out_dir) == spec:
+            # Another process (a parallel test worker) built the same meanwhile: use its build,
+            # which its own readers may have open, rather than swap it for ours.
+            return out_dir
         if out_dir.exists():
             # An unfinished or stale folder: move it aside first (rename is atomic, rmtree is not).
             old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"

@@ -230,3 +230,23 @@ def test_failed_build_publishes_nothing(tmp_path, base_dir, monkeypatch):
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []
     assert fw_model.read_marker(out) is None
+
+
+def test_a_build_finished_meanwhile_by_another_process_is_kept_not_swapped(tmp_path):
+    out, spec = tmp_path / "model", {"kind": "toy", "seed": 1}
+
+    def build(name: str):
+        def write(folder: Path) -> None:
+            if name == "late":  # the other process starts after us and finishes first
+                fw_model._publish(out, spec, build("early"))
+            (folder / "weights.txt").write_text(name)
+
+        return write
+
+    assert fw_model._publish(out, spec, build("late")) == out
+    assert (out / "weights.txt").read_text() == "early"
+    assert fw_model.read_marker(out) == spec
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary folder left
+    stale = {"kind": "toy", "seed": 0}
+    fw_model._publish(out, stale, build("stale"))  # a different build replaces it
+    assert (out / "weights.txt").read_text() == "stale" and fw_model.read_marker(out) == stale
