@@ -41,8 +41,9 @@ def test_each_step_prompts_with_the_chats_encoding_of_the_episode_so_far(chat):
     (trajectory,) = play(Dial(), ["t"], backend, chat)
     assert (trajectory.reward, trajectory.n_steps, trajectory.finish_reason) == (1.5, 3, "done")
     assert trajectory.source == "policy"
-    # call k sees the prefix, the instruction and k-1 replies with their observations
+    # call k (from 0) sees the prefix, the instruction and k replies with their observations
     start = trajectory.episode_start
+    assert len(backend.calls) == 3
     for k, (prompts, _) in enumerate(backend.calls):
         seen = trajectory.messages[: start + 1 + 2 * k]
         assert prompts == [chat.encode(seen)[0] + chat.header_ids], f"call {k}"
