@@ -120,9 +120,12 @@ def test_a_fresh_sqlite_store_opened_by_processes_at_once_stays_usable(tmp_path)
         )
         for _ in range(3)
     ]
-    assert [p.stdout.readline() for p in processes] == [b"ready\n"] * 3
-    go.touch()
+    try:
+        ready = [p.stdout.readline() for p in processes]
+    finally:
+        go.touch()  # also when one failed to start: the others must not wait for ever
     outputs = [p.communicate(timeout=120) for p in processes]
+    assert ready == [b"ready\n"] * 3, [err.decode()[-2000:] for _, err in outputs]
     for process, (_, err) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, err.decode()[-2000:]
     assert {out.decode().split()[-1] for out, _ in outputs} == {"1"}  # one experiment, shared
