@@ -45,8 +45,15 @@ RECIPES = {  # recipe -> (flow module, shipped config)
     "eto": ("flows.eto", "configs/eto_textcraft.yaml"),
     "agent-r": ("flows.agent_r", "configs/agent_r_textcraft.yaml"),
 }
-# The budget on top of the shipped configs: every easy train task, every easy held-out task.
+# The budget on top of the shipped configs: every easy train task, every easy held-out task,
+# and (with --rounds 2) twice the demos' rounds. Per recipe, the slice of train tasks a round
+# explores or searches: ETO twice the demo's 16; Agent-R 32 a round, so its two rounds search
+# the 64 tasks of the demo's one and the bench fits in about two hours on 2 cores.
 BUDGET = ["env.train_tasks=99", "env.test_tasks=26", "env.max_expert_steps=4"]
+RECIPE_BUDGET = {
+    "eto": ["explore.tasks_per_round=32"],
+    "agent-r": ["mcts.tasks_per_round=32", "baselines=false"],
+}
 TRAINING_STAGES = ("sft", "round-", "baselines")  # folders whose manifests hold trainer metrics
 
 
@@ -76,10 +83,8 @@ def run_recipe(recipe: str, seed: int, args) -> float:
     command = [
         sys.executable, "-m", module, "--config", str(ROOT / config),
         f"storage_url={args.store}", f"run_name={run_name(recipe, seed)}", f"seed={seed}",
-        f"rounds={args.rounds}", *BUDGET, *args.set,
+        f"rounds={args.rounds}", *BUDGET, *RECIPE_BUDGET[recipe], *args.set,
     ]  # fmt: skip
-    if recipe == "agent-r":
-        command.append("baselines=false")
     print("+", shlex.join(command), flush=True)
     started = time.monotonic()
     subprocess.run(command, check=True, cwd=ROOT)
@@ -187,21 +192,27 @@ def main(argv: list[str] | None = None) -> None:
     for seed in args.seeds:
         for recipe in args.recipes:
             walls[(recipe, seed)] = run_recipe(recipe, seed, args)
-    rows, curves, per_seed = [], {}, {s: {} for s in args.seeds}
+        # A report after every seed: a bench stopped midway still leaves what it measured.
+        finished = [s for s in args.seeds if all((r, s) in walls for r in args.recipes)]
+        write_report(args, store, finished, walls, argv)
+
+
+def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None:
+    rows, curves, per_seed = [], {}, {s: {} for s in seeds}
     for recipe in args.recipes:
-        outcomes = {s: stage_outcomes(store, recipe, s) for s in args.seeds}
-        tokens = {s: tokens_trained(store, recipe, s) for s in args.seeds}
+        outcomes = {s: stage_outcomes(store, recipe, s) for s in seeds}
+        tokens = {s: tokens_trained(store, recipe, s) for s in seeds}
         curves[recipe] = []
-        for stage in outcomes[args.seeds[0]]:
-            table = [outcomes[s][stage] for s in args.seeds if stage in outcomes[s]]
+        for stage in outcomes[seeds[0]]:
+            table = [outcomes[s][stage] for s in seeds if stage in outcomes[s]]
             rates = [sum(t.values()) / len(t) for t in table]
-            for s, rate in zip(args.seeds, rates, strict=False):
+            for s, rate in zip(seeds, rates, strict=False):
                 per_seed[s][f"{recipe}:{stage}"] = rate
             mean = sum(rates) / len(rates)
             low, high = bootstrap_interval(table, args.bootstrap)
             solved, n = sum(sum(t.values()) for t in table), sum(len(t) for t in table)
             w_low, w_high = wilson_interval(solved, n)
-            trained = sum(cumulative_tokens(tokens[s], stage) for s in args.seeds) / len(table)
+            trained = sum(cumulative_tokens(tokens[s], stage) for s in seeds) / len(table)
             rows.append(
                 f"| {recipe} | {stage} | {mean:.1%} | {low:.1%}–{high:.1%} | {w_low:.1%}–"
                 f"{w_high:.1%} | {solved}/{n} | {', '.join(f'{r:.0%}' for r in rates)} "
@@ -218,8 +229,10 @@ def main(argv: list[str] | None = None) -> None:
         f"Command: `{command.strip()}` (`make bench-efficacy`). Date: "
         f"{datetime.now(UTC):%Y-%m-%d}. Machine: {os.cpu_count()} CPU cores, "
         f"{platform.machine()}, Python {platform.python_version()}.",
-        f"Budget on top of the shipped configs: `{' '.join(BUDGET + args.set)}`, "
-        f"{args.rounds} rounds, seeds {args.seeds}. Wall time (a finished stage is served from "
+        f"Budget on top of the shipped configs: `{' '.join(BUDGET + args.set)}`; "
+        + "; ".join(f"{r}: `{' '.join(RECIPE_BUDGET[r])}`" for r in args.recipes)
+        + ", "
+        f"{args.rounds} rounds, seeds {seeds}. Wall time (a finished stage is served from "
         f"its manifest on a re-run, so a resumed run reads short): {walltimes}.",
         "",
         "| recipe | stage | mean success | 95% interval (bootstrap, seeds x tasks) "
