@@ -16,10 +16,10 @@ It writes a markdown report and a learning-curve plot. The command, machine and 
 
     python bench/efficacy.py                          # 3 seeds, the budget below (2 CPU cores)
     python bench/efficacy.py --seeds 0 --rounds 1     # one seed, one round: a quick look
-    python bench/efficacy.py --set inference.kv_cache_gib=8 --set sft.frozen_layers=0   # a GPU
+    python bench/efficacy.py --gpu                    # one GPU: every train task each round
 
-On a GPU machine, freeze nothing, raise the KV cache, and give the trainers the GPU (the flows use
-it when torch sees one); the rest of the budget is the same.
+On a GPU machine (the flows use it when torch sees one) `--gpu` explores or searches every train
+task each round, as the papers do, and freezes no layer.
 """
 
 from __future__ import annotations
@@ -54,6 +54,15 @@ RECIPE_BUDGET = {
     "eto": ["explore.tasks_per_round=32"],
     "agent-r": ["mcts.tasks_per_round=32", "baselines=false"],
 }
+# On a GPU (--gpu): the papers' way, every train task explored or searched each round, and no
+# layer frozen (freezing only saves CPU time).
+GPU_BUDGET = {
+    "eto": ["explore.tasks_per_round=99", "sft.frozen_layers=0", "dpo.frozen_layers=0"],
+    "agent-r": [
+        "mcts.tasks_per_round=99", "baselines=false", "sft.frozen_layers=0",
+        "revision_sft.frozen_layers=0",
+    ],
+}  # fmt: skip
 TRAINING_STAGES = ("sft", "round-", "baselines")  # folders whose manifests hold trainer metrics
 
 
@@ -70,7 +79,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results-efficacy.md")
     parser.add_argument("--bootstrap", type=int, default=2000, help="resamples for the intervals")
+    parser.add_argument(
+        "--gpu", action="store_true", help="the GPU budget: every train task each round, no "
+        "layer frozen (see GPU_BUDGET)"
+    )  # fmt: skip
     return parser.parse_args(argv)
+
+
+def recipe_budget(recipe: str, gpu: bool) -> list[str]:
+    return (GPU_BUDGET if gpu else RECIPE_BUDGET)[recipe]
 
 
 def run_name(recipe: str, seed: int) -> str:
@@ -83,7 +100,7 @@ def run_recipe(recipe: str, seed: int, args) -> float:
     command = [
         sys.executable, "-m", module, "--config", str(ROOT / config),
         f"storage_url={args.store}", f"run_name={run_name(recipe, seed)}", f"seed={seed}",
-        f"rounds={args.rounds}", *BUDGET, *RECIPE_BUDGET[recipe], *args.set,
+        f"rounds={args.rounds}", *BUDGET, *recipe_budget(recipe, args.gpu), *args.set,
     ]  # fmt: skip
     print("+", shlex.join(command), flush=True)
     started = time.monotonic()
@@ -230,7 +247,7 @@ def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None
         f"{datetime.now(UTC):%Y-%m-%d}. Machine: {os.cpu_count()} CPU cores, "
         f"{platform.machine()}, Python {platform.python_version()}.",
         f"Budget on top of the shipped configs: `{' '.join(BUDGET + args.set)}`; "
-        + "; ".join(f"{r}: `{' '.join(RECIPE_BUDGET[r])}`" for r in args.recipes)
+        + "; ".join(f"{r}: `{' '.join(recipe_budget(r, args.gpu))}`" for r in args.recipes)
         + ", "
         f"{args.rounds} rounds, seeds {seeds}. Wall time (a finished stage is served from "
         f"its manifest on a re-run, so a resumed run reads short): {walltimes}.",

@@ -38,3 +38,16 @@ def test_the_bootstrap_interval_is_a_point_when_every_seed_and_task_agree():
     mixed = [{"a": True, "b": False}, {"a": True, "b": False}]
     low, high = efficacy.bootstrap_interval(mixed, 400)
     assert low == 0.0 and high == 1.0  # resampling tasks alone can pick only a, or only b
+
+
+def test_every_budget_is_valid_settings_of_its_recipe():
+    from flywheel.settings import AgentRConfig, ETOConfig, load_config
+
+    models = {"eto": ETOConfig, "agent-r": AgentRConfig}
+    for gpu in (False, True):
+        for recipe, (_, config) in efficacy.RECIPES.items():
+            overrides = [*efficacy.BUDGET, *efficacy.recipe_budget(recipe, gpu), "rounds=2"]
+            settings = load_config(models[recipe], str(efficacy.ROOT / config), overrides)
+            assert settings.env.test_tasks == 26 and settings.rounds == 2
+            slices = settings.explore if recipe == "eto" else settings.mcts
+            assert slices.tasks_per_round == (99 if gpu else 32)
