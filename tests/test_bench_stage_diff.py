@@ -1,0 +1,41 @@
+"""bench/stage_diff.py on hand-made evaluations: identical episodes, tasks gained and lost."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import stage_diff  # noqa: E402
+
+
+def write_stage(run: Path, stage: str, episodes: dict[str, tuple[list[str], bool]]) -> None:
+    folder = run / "evaluate" / stage
+    folder.mkdir(parents=True)
+    lines = []
+    for task, (replies, solved) in episodes.items():
+        messages = [{"role": "user", "content": "goal"}]
+        for reply in replies:
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "ok"}]
+        lines.append(json.dumps({"task_id": task, "messages": messages, "success": solved}))
+    (folder / "trajectories.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_counts_identical_episodes_and_the_tasks_gained_and_lost(tmp_path, capsys):
+    write_stage(tmp_path, "sft", {"a": (["x"], True), "b": (["y"], False), "c": (["z"], False)})
+    write_stage(
+        tmp_path, "round-1", {"a": (["x", "w"], False), "b": (["y"], False), "c": (["q"], True)}
+    )
+    stage_diff.main([str(tmp_path), "sft", "round-1"])
+    assert capsys.readouterr().out.strip() == (
+        "sft -> round-1: 1/3 episodes identical; gained 1 ['c'], lost 1 ['a']"
+    )
+
+
+def test_an_unknown_stage_names_the_stages_there(tmp_path, capsys):
+    write_stage(tmp_path, "sft", {"a": (["x"], True)})
+    with pytest.raises(SystemExit):
+        stage_diff.main([str(tmp_path), "sft", "eto-round-9"])
+    assert "evaluated: ['sft']" in capsys.readouterr().err
