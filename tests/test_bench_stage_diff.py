@@ -1,4 +1,5 @@
-"""bench/stage_diff.py on hand-made evaluations: identical episodes, tasks gained and lost."""
+"""bench/stage_diff.py and bench/failed_turns.py on hand-made records: identical episodes, tasks
+gained and lost; trained turns answered by a failed action."""
 
 import json
 import sys
@@ -39,3 +40,21 @@ def test_an_unknown_stage_names_the_stages_there(tmp_path, capsys):
     with pytest.raises(SystemExit):
         stage_diff.main([str(tmp_path), "sft", "eto-round-9"])
     assert "evaluated: ['sft']" in capsys.readouterr().err
+
+
+def test_failed_turns_count_only_trained_turns_answered_by_a_failure():
+    import failed_turns
+
+    record = {
+        "messages": [
+            {"role": "user", "content": "goal"},
+            {"role": "assistant", "content": "get 1 log", "loss": False},
+            {"role": "user", "content": "Could not find log"},  # not trained: not counted
+            {"role": "assistant", "content": "craft", "loss": True},
+            {"role": "user", "content": "Could not find enough items"},
+            {"role": "assistant", "content": "get 2 log", "loss": True},
+            {"role": "user", "content": "Got 2 log"},
+            {"role": "assistant", "content": "done", "loss": True},
+        ]
+    }
+    assert failed_turns.failed_turns([record]) == (3, 1)
