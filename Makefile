@@ -56,8 +56,9 @@ mutation: install
 lint: install
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .
 
+# 6 steps an episode: the demos' env.max_steps
 bench: install
-	$(PY) bench/rollout_throughput.py --episodes 32 --max-steps 3 --max-tokens 48
+	$(PY) bench/rollout_throughput.py --episodes 32 --max-steps 6 --max-tokens 48
 
 bench-mcts: install
 	$(PY) bench/mcts_restore.py
