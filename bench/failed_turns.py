@@ -10,21 +10,25 @@ path that reached the goal can still hold failed actions on the way) need not.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flywheel.records import Trajectory  # noqa: E402
 
 FAILURE = "Could not"  # TextCraft's reply to an action it cannot carry out
 
 
-def failed_turns(records: list[dict], failure: str = FAILURE) -> tuple[int, int]:
+def failed_turns(records: list[Trajectory], failure: str = FAILURE) -> tuple[int, int]:
     """(loss-bearing assistant turns, those whose next message reports a failure)."""
     turns = failed = 0
     for record in records:
-        messages = record["messages"]
+        messages = record.messages
         for i, message in enumerate(messages):
-            if message["role"] == "assistant" and message.get("loss"):
+            if message.role == "assistant" and message.loss:
                 turns += 1
-                following = messages[i + 1]["content"] if i + 1 < len(messages) else ""
+                following = messages[i + 1].content if i + 1 < len(messages) else ""
                 failed += failure in following
     return turns, failed
 
@@ -37,7 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--failure", default=FAILURE, help="text of a failed-action observation")
     args = parser.parse_args(argv)
     for path in args.files:
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        lines = path.read_text().splitlines()
+        records = [Trajectory.model_validate_json(line) for line in lines if line.strip()]
         turns, failed = failed_turns(records, args.failure)
         share = f"{failed / turns:.0%}" if turns else "-"
         print(f"{path}: {len(records)} rows, {turns} trained turns, {failed} ({share}) failed")

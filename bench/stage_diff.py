@@ -12,8 +12,12 @@ gains cancel losses); this says which.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flywheel.records import Trajectory  # noqa: E402
 
 
 def episodes(path: Path) -> dict[str, tuple[list[str], bool]]:
@@ -21,9 +25,9 @@ def episodes(path: Path) -> dict[str, tuple[list[str], bool]]:
     out = {}
     for line in path.read_text().splitlines():
         if line.strip():
-            record = json.loads(line)
-            replies = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
-            out[record["task_id"]] = (replies, bool(record["success"]))
+            episode = Trajectory.model_validate_json(line)
+            replies = [m.content for m in episode.messages if m.role == "assistant"]
+            out[episode.task_id] = (replies, episode.success)
     return out
 
 

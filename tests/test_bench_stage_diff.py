@@ -20,7 +20,8 @@ def write_stage(run: Path, stage: str, episodes: dict[str, tuple[list[str], bool
         messages = [{"role": "user", "content": "goal"}]
         for reply in replies:
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "ok"}]
-        lines.append(json.dumps({"task_id": task, "messages": messages, "success": solved}))
+        record = {"task_id": task, "env": "textcraft", "episode_start": 0, "messages": messages}
+        lines.append(json.dumps({**record, "success": solved}))
     (folder / "trajectories.jsonl").write_text("\n".join(lines) + "\n")
 
 
@@ -45,7 +46,12 @@ def test_an_unknown_stage_names_the_stages_there(tmp_path, capsys):
 def test_failed_turns_count_only_trained_turns_answered_by_a_failure():
     import failed_turns
 
+    from flywheel.records import Trajectory
+
     record = {
+        "task_id": "t",
+        "env": "textcraft",
+        "episode_start": 0,
         "messages": [
             {"role": "user", "content": "goal"},
             {"role": "assistant", "content": "get 1 log", "loss": False},
@@ -55,6 +61,6 @@ def test_failed_turns_count_only_trained_turns_answered_by_a_failure():
             {"role": "assistant", "content": "get 2 log", "loss": True},
             {"role": "user", "content": "Got 2 log"},
             {"role": "assistant", "content": "done", "loss": True},
-        ]
+        ],
     }
-    assert failed_turns.failed_turns([record]) == (3, 1)
+    assert failed_turns.failed_turns([Trajectory.model_validate(record)]) == (3, 1)
