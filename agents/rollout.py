@@ -414,7 +414,11 @@ def open_backend(inference, model_dir: str, tokenizer) -> InferenceBackend:
     if inference.backend == "openai":
         return OpenAIBackend(inference.base_url, model_dir, tokenizer=tokenizer)
     return shared_vllm(
-        model_dir, inference.max_model_len, inference.kv_cache_gib, inference.block_size
+        model_dir,
+        inference.max_model_len,
+        inference.kv_cache_gib,
+        inference.block_size,
+        inference.kv_cache_dtype,
     )
 
 

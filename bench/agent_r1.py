@@ -451,7 +451,7 @@ def rollout_part(args, cfg) -> dict:
     # breaks a vLLM CPU worker started after it (envs/tools.py).
     backend = VLLMBackend(
         str(model_dir), inference.max_model_len, inference.kv_cache_gib,
-        block_size=inference.block_size,
+        block_size=inference.block_size, kv_cache_dtype=inference.kv_cache_dtype,
     )  # fmt: skip
     try:
         env = make_env(cfg.env)

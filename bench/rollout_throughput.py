@@ -34,8 +34,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flywheel.settings import InferenceSettings
+from flywheel.settings import InferenceSettings, load_config_section
 
+# The bench explores with the README demo's inference settings.
+DEMO_CONFIG = "configs/eto_textcraft.yaml"
+DEMO_INFERENCE = load_config_section(
+    InferenceSettings, str(Path(__file__).resolve().parent.parent / DEMO_CONFIG), "inference"
+)
 TARGET_SPEEDUP = 5.0
 TARGET_DECODE_FRACTION = 0.30  # of the all-cores decode bound, in generated tokens/s
 MATMUL_SIZE = 1024
@@ -73,7 +78,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "untrained model rarely finishes a task, so nearly every episode runs to this limit "
         "and both ways do the same number of steps",
     )
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per reply at most")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEMO_INFERENCE.max_tokens,
+        help=f"tokens per reply at most; {DEMO_CONFIG}'s",
+    )
     parser.add_argument(
         "--few-shot",
         type=int,
@@ -85,8 +95,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--block-size",
         type=int,
-        default=InferenceSettings().block_size,
-        help="KV-cache block size (prefix caching reuses whole blocks); Flywheel's default",
+        default=DEMO_INFERENCE.block_size,
+        help=f"KV-cache block size (prefix caching reuses whole blocks); {DEMO_CONFIG}'s",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+        default=DEMO_INFERENCE.kv_cache_dtype,
+        help=f"KV-cache element type ('auto': the model's, float32); {DEMO_CONFIG}'s",
+    )
+    parser.add_argument(
+        "--no-decode-alone",
+        dest="decode_alone",
+        action="store_false",
+        help="skip timing the engine's decoding alone (no prefill, no environment) at the "
+        "batched way's batch and mean context: the ceiling the rollout works under",
     )
     parser.add_argument(
         "--kv-cache-gib",
@@ -195,6 +218,7 @@ class Request:
     prompt: list[int]
     cached: int | None  # prompt tokens served from vLLM's prefix cache (None: not reported)
     generated: list[int]  # as the engine produced them, end token included
+    call: int = 0  # which generate call sent it (0 = the first since the log was cleared)
 
 
 class RequestLog:
@@ -213,6 +237,7 @@ class RequestLog:
                         list(o.prompt_token_ids),
                         o.num_cached_tokens,
                         list(o.outputs[0].token_ids),
+                        self.calls,
                     )
                 )
             self.calls += 1
@@ -275,6 +300,7 @@ class WayResult:
     prompt_tokens_new: int  # the ideal prefix cache's work (see `new_prompt_tokens`)
     attention_flops: int
     replies: dict[str, list[list[int]]] = field(repr=False, default_factory=dict)
+    middle_prompts: list[list[int]] = field(repr=False, default_factory=list)
 
     @property
     def episodes_per_s(self) -> float:
@@ -289,7 +315,7 @@ class WayResult:
         return self.steps / self.seconds
 
     def summary(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if k != "replies"}
+        out = {k: v for k, v in asdict(self).items() if k not in ("replies", "middle_prompts")}
         out.update(
             episodes_per_s=self.episodes_per_s,
             generated_tokens_per_s=self.tokens_per_s,
@@ -330,7 +356,37 @@ def explore(way, run, backend, log, shape, *run_args) -> WayResult:
         prompt_tokens_new=new,
         attention_flops=attention_flops(requests, shape),
         replies=replies,
+        middle_prompts=middle_call_prompts(requests),
     )
+
+
+def decode_alone(llm, prompts: list[list[int]], tokens: int) -> float:
+    """Tokens/s of the engine decoding `prompts` as one batch, with no prefill and no environment.
+
+    The prompts are prefilled first (the prefix cache keeps them); then one timed call generates
+    1 token and another `tokens` + 1, end tokens ignored, so the difference is `tokens` decode
+    steps of the whole batch: the rate the engine itself reaches at this batch and context.
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+
+    def timed(n: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+        started = time.perf_counter()
+        llm.generate(batch, params, use_tqdm=False)
+        return time.perf_counter() - started
+
+    timed(1)  # prefill, outside the timings
+    return len(prompts) * tokens / max(timed(tokens + 1) - timed(1), 1e-9)
+
+
+def middle_call_prompts(requests: list[Request]) -> list[list[int]]:
+    """The prompts of the middle generate call of a batched exploration: its typical context."""
+    calls = sorted({r.call for r in requests})
+    middle = calls[len(calls) // 2]
+    return [r.prompt for r in requests if r.call == middle]
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -406,6 +462,15 @@ def report(info: dict, sequential: WayResult, batched: WayResult) -> tuple[str, 
             f"{generated_share:.1%}" for _ in flops
         ],
     }
+    decode = info.get("decode_alone")
+    if decode:
+        rows[
+            f"engine decoding alone, batch {decode['batch']} at a mean context of "
+            f"{decode['mean_context']:,.0f} tokens: tokens/s, fraction of the decode bound"
+        ] = [
+            f"{decode['tokens_per_s']:,.0f}, {decode['tokens_per_s'] * shape.flops_per_token / f:.1%}"
+            for f in flops.values()
+        ]
     lines += [
         "",
         "| arithmetic bound, batched way | " + " | ".join(columns) + " |",
@@ -439,7 +504,14 @@ def report(info: dict, sequential: WayResult, batched: WayResult) -> tuple[str, 
         f"{decode_fraction:.1%} of the {info['threads']}-thread decode bound: {decode_verdict} "
         f"against the >= {TARGET_DECODE_FRACTION:.0%} target (at most {generated_share:.1%} "
         f"with this workload's prefill share), "
-        f"{work / batched.seconds / info['flops_all']:.0%} of the matmul bound counting prefill. "
+        f"{work / batched.seconds / info['flops_all']:.0%} of the matmul bound counting prefill"
+        + (
+            f"; the engine decoding alone at the batched way's batch and context reaches "
+            f"{decode['tokens_per_s'] * shape.flops_per_token / info['flops_all']:.1%}"
+            if decode
+            else ""
+        )
+        + f" (KV cache: {info.get('kv_cache_dtype', 'auto')}). "
         "The bound is the best of matmul timings before and after the explorations.",
     ]
     results = {
@@ -460,6 +532,11 @@ def report(info: dict, sequential: WayResult, batched: WayResult) -> tuple[str, 
         "batched_fraction_incl_prefill": {
             str(t): work / batched.seconds / f for t, f in flops.items()
         },
+        "decode_alone_fraction_of_decode_bound": (
+            {str(t): decode["tokens_per_s"] * shape.flops_per_token / f for t, f in flops.items()}
+            if decode
+            else None
+        ),
     }
     return "\n".join(lines), results
 
@@ -507,8 +584,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = RolloutSettings(args.max_steps, args.max_model_len, sampling)
 
     backend = VLLMBackend(
-        str(model_dir), args.max_model_len, args.kv_cache_gib, block_size=args.block_size
-    )
+        str(model_dir), args.max_model_len, args.kv_cache_gib, block_size=args.block_size,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )  # fmt: skip
     try:
         log = RequestLog(backend.llm)
         engine_config = getattr(backend.llm.llm_engine, "vllm_config", None)
@@ -518,6 +596,15 @@ def main(argv: list[str] | None = None) -> int:
         common = (env, task_ids, backend, chat, prefix, settings)
         sequential = explore("sequential", run_sequential, backend, log, shape, *common)
         batched = explore("batched", run_batched, backend, log, shape, *common)
+        decode = None
+        if args.decode_alone:
+            print("timing the engine's decoding alone ...", file=sys.stderr)
+            prompts = batched.middle_prompts
+            decode = {
+                "tokens_per_s": decode_alone(backend.llm, prompts, args.max_tokens),
+                "batch": len(prompts),
+                "mean_context": sum(map(len, prompts)) / len(prompts),
+            }
     finally:
         backend.close()
     # The machine's limit is the best it showed: a timing taken while something else ran reads low.
@@ -536,6 +623,8 @@ def main(argv: list[str] | None = None) -> int:
         "max_model_len": args.max_model_len,
         "kv_cache_gib": args.kv_cache_gib,
         "block_size": block_size,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "decode_alone": decode,
         "cpus": cpus,
         "threads": cpus,
         "load": load,

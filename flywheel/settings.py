@@ -232,6 +232,12 @@ class InferenceSettings(Strict):
     # KV-cache block size; prefix caching reuses whole blocks, so each step recomputes up to a
     # block of every episode's prompt. None keeps vLLM's default (128 on CPU).
     block_size: int | None = Field(default=32, ge=16)
+    # KV-cache element type. "auto" keeps the model's (float32 on a CPU). "fp8" (e4m3) stores a
+    # quarter of the bytes: on a CPU, decoding at the ~1k-token contexts of a few-shot rollout
+    # is bound by reading the cache, and fp8 made TextCraft rollouts ~1.3x faster
+    # (bench/results-rollout-throughput.md). Leave "auto" where vLLM's log-probabilities feed an
+    # RL trainer's importance ratio: the trainer computes them without the rounding.
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
 
 
 # Shipped `accelerate launch` configs; here, so settings are checked without the trainers.

@@ -49,3 +49,40 @@ def test_each_target_fails_on_its_own_just_below_its_line():
     assert "FAIL against the >= 5x target" in table
     assert "29.7% of the 2-thread decode bound: FAIL against the >= 30% target" in table
     assert "(at most 30.0% with this workload's prefill share)" in table
+
+
+def test_the_engine_decoding_alone_is_reported_against_the_same_bound():
+    # 250 tok/s alone; bound 100 GFLOP/s / 100 MFLOPs = 1000 tok/s: 25%
+    alone = {"tokens_per_s": 250.0, "batch": 10, "mean_context": 1234.4}
+    table, results = bench.report(
+        info(100e9) | {"decode_alone": alone, "kv_cache_dtype": "fp8"},
+        way("sequential", 5.0),
+        way("batched", 1.0),
+    )
+    assert "engine decoding alone, batch 10 at a mean context of 1,234 tokens" in table
+    assert "| 250, 50.0% | 250, 25.0% |" in table  # 1 thread: half the FLOP/s
+    assert "decoding alone at the batched way's batch and context reaches 25.0%" in table
+    assert "(KV cache: fp8)" in table
+    assert results["decode_alone_fraction_of_decode_bound"] == {"1": 0.5, "2": 0.25}
+    _, without = bench.report(info(100e9), way("sequential", 5.0), way("batched", 1.0))
+    assert without["decode_alone_fraction_of_decode_bound"] is None
+
+
+def test_the_decode_alone_prompts_are_the_middle_calls():
+    requests = [
+        bench.Request(prompt=[call, i], cached=0, generated=[], call=call)
+        for call in range(5)
+        for i in range(2)
+    ]
+    assert bench.middle_call_prompts(requests) == [[2, 0], [2, 1]]
+    assert bench.middle_call_prompts(requests[:4]) == [[1, 0], [1, 1]]  # calls 0, 1: the later
+
+
+def test_the_bench_explores_with_the_demo_config_inference_settings():
+    args = bench.parse_args([])
+    assert (args.max_tokens, args.block_size, args.kv_cache_dtype) == (
+        bench.DEMO_INFERENCE.max_tokens,
+        bench.DEMO_INFERENCE.block_size,
+        bench.DEMO_INFERENCE.kv_cache_dtype,
+    )
+    assert bench.DEMO_INFERENCE.max_tokens == 48  # configs/eto_textcraft.yaml

@@ -269,7 +269,39 @@ def test_open_backend_follows_the_inference_settings(monkeypatch):
     assert engines == []
     local = InferenceSettings(max_model_len=2048, kv_cache_gib=3, block_size=64)
     assert rollout.open_backend(local, "/models/m", "tok") == "engine"
-    assert engines == [("/models/m", 2048, 3, 64)]
+    assert engines == [("/models/m", 2048, 3, 64, "auto")]
+    engines.clear()
+    fp8 = InferenceSettings(max_model_len=2048, kv_cache_gib=3, block_size=64, kv_cache_dtype="fp8")
+    rollout.open_backend(fp8, "/models/m", "tok")
+    assert engines == [("/models/m", 2048, 3, 64, "fp8")]
+
+
+def test_the_shared_engine_is_reused_only_for_the_same_model_and_engine_settings(monkeypatch):
+    """A stage asking for another KV cache (or model) gets a new engine and the old one is closed;
+    the same settings get the same engine."""
+    import flywheel.inference as inference
+
+    started, closed = [], []
+
+    class Engine:
+        def __init__(self, *args, **kwargs):
+            started.append((args, kwargs))
+
+        def close(self):
+            closed.append(self)
+
+    monkeypatch.setattr(inference, "LockedVLLM", Engine)
+    monkeypatch.setattr(inference, "_engine", None)
+    first = inference.shared_vllm("/m", 2048, 2, 32, "auto")
+    assert inference.shared_vllm("/m", 2048, 2, 32, "auto") is first
+    assert started == [(("/m", 2048, 2), {"block_size": 32, "kv_cache_dtype": "auto"})]
+    second = inference.shared_vllm("/m", 2048, 2, 32, "fp8")
+    assert second is not first and closed == [first]
+    assert started[-1] == (("/m", 2048, 2), {"block_size": 32, "kv_cache_dtype": "fp8"})
+    third = inference.shared_vllm("/other", 2048, 2, 32, "fp8")
+    assert third is not second and closed == [first, second]
+    inference.release_vllm()
+    assert closed == [first, second, third] and inference._engine is None
 
 
 def published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories, clock=(10.0, 12.5)):
@@ -620,3 +652,18 @@ def test_an_episode_that_crashed_says_whether_the_environment_or_its_action_fail
     assert _error_reason(EnvironmentUnavailable("server down")) == (
         "lost: EnvironmentUnavailable: server down"
     )
+
+
+def test_the_engine_gets_the_kv_cache_dtype_and_block_size_it_was_given(monkeypatch):
+    import vllm
+
+    import flywheel.inference as inference
+
+    for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND"):  # it sets these
+        monkeypatch.delenv(name, raising=False)
+    made = []
+    monkeypatch.setattr(vllm, "LLM", lambda **kwargs: made.append(kwargs))
+    inference.VLLMBackend("/m", 2048, 2, block_size=64, kv_cache_dtype="fp8")
+    inference.VLLMBackend("/m", 2048, 2)
+    assert (made[0]["kv_cache_dtype"], made[0]["block_size"]) == ("fp8", 64)
+    assert made[1]["kv_cache_dtype"] == "auto" and "block_size" not in made[1]
