@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast mutation lint bench bench-mcts bench-env bench-train bench-efficacy bench-agent-r1 services deploy worker
+.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast mutation lint bench bench-kv-cache bench-mcts bench-env bench-train bench-efficacy bench-agent-r1 services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -59,6 +59,10 @@ lint: install
 # 6 steps an episode: the demos' env.max_steps
 bench: install
 	$(PY) bench/rollout_throughput.py --episodes 32 --max-steps 6 --max-tokens 48
+
+# The demo's SFT policy (make demo first) under a float32 and an fp8 KV cache, episode by episode
+bench-kv-cache: install
+	$(PY) bench/kv_cache_agreement.py --model-dir runs/eto-textcraft/sft/model
 
 bench-mcts: install
 	$(PY) bench/mcts_restore.py

@@ -52,7 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this path")
     args = parser.parse_args(argv)
     if not (Path(args.model_dir) / "config.json").is_file():
-        parser.error(f"--model-dir {args.model_dir} holds no config.json")
+        parser.error(
+            f"--model-dir {args.model_dir} holds no config.json (a Hugging Face model folder; "
+            "runs/eto-textcraft/sft/model is made by `make demo`)"
+        )
     if len(set(args.dtypes)) != len(args.dtypes):
         parser.error("--dtypes: each type once")
     return args
@@ -142,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout: the table only
     runs = [(dtype, *run_episodes(args, dtype)) for dtype in args.dtypes]
     reference = runs[0][1]
     results = [
