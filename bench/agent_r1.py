@@ -449,10 +449,7 @@ def rollout_part(args, cfg) -> dict:
     chat = ChatTokenizer(AutoTokenizer.from_pretrained(model_dir))
     # The engine starts before anything builds a search index: bm25s loads llvmlite, which
     # breaks a vLLM CPU worker started after it (envs/tools.py).
-    backend = VLLMBackend(
-        str(model_dir), inference.max_model_len, inference.kv_cache_gib,
-        block_size=inference.block_size, kv_cache_dtype=inference.kv_cache_dtype,
-    )  # fmt: skip
+    backend = VLLMBackend.from_settings(str(model_dir), inference)
     try:
         env = make_env(cfg.env)
         test = task_list(env, "test", cfg.env, cfg.seed)

@@ -23,8 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flywheel.confidence import wilson_interval  # noqa: E402
-
-DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+from flywheel.settings import KV_CACHE_DTYPES  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "untrained one is",
     )
     parser.add_argument(
-        "--dtypes", nargs="+", choices=DTYPES, default=["auto", "fp8"], help="the first is the "
+        "--dtypes", nargs="+", choices=KV_CACHE_DTYPES, default=["auto", "fp8"], help="the first is the "
         "reference the others are compared with",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this path")
@@ -123,10 +122,9 @@ def run_episodes(args, dtype: str) -> tuple[Episodes, float]:
     chat = ChatTokenizer(AutoTokenizer.from_pretrained(args.model_dir))
     sampling = SamplingSettings(temperature=0.0, max_tokens=inference.max_tokens)
     settings = RolloutSettings(env_settings.max_steps, inference.max_model_len, sampling)
-    backend = VLLMBackend(
-        args.model_dir, inference.max_model_len, inference.kv_cache_gib,
-        block_size=inference.block_size, kv_cache_dtype=dtype,
-    )  # fmt: skip
+    backend = VLLMBackend.from_settings(
+        args.model_dir, inference.model_copy(update={"kv_cache_dtype": dtype})
+    )
     try:
         started = time.perf_counter()
         trajectories = run_batched(env, tasks, backend, chat, prefix, settings)

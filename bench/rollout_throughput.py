@@ -34,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flywheel.settings import InferenceSettings, load_config_section
+from flywheel.settings import KV_CACHE_DTYPES, InferenceSettings, load_config_section
 
 # The bench explores with the README demo's inference settings.
 DEMO_CONFIG = "configs/eto_textcraft.yaml"
@@ -100,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--kv-cache-dtype",
-        choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+        choices=KV_CACHE_DTYPES,
         default=DEMO_INFERENCE.kv_cache_dtype,
         help=f"KV-cache element type ('auto': the model's, float32); {DEMO_CONFIG}'s",
     )

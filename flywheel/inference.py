@@ -117,6 +117,14 @@ class VLLMBackend:
         )
         self.max_model_len = max_model_len
 
+    @classmethod
+    def from_settings(cls, model_dir: str, inference) -> VLLMBackend:
+        """An engine for `model_dir` with an `InferenceSettings`' engine fields."""
+        return cls(
+            model_dir, inference.max_model_len, inference.kv_cache_gib,
+            block_size=inference.block_size, kv_cache_dtype=inference.kv_cache_dtype,
+        )  # fmt: skip
+
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt

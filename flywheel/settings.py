@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -221,6 +221,10 @@ class EnvSettings(Strict):
         return self
 
 
+KVCacheDType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDType)
+
+
 class InferenceSettings(Strict):
     """How rollouts get replies: vLLM in this process, or an OpenAI-compatible server."""
 
@@ -238,7 +242,7 @@ class InferenceSettings(Strict):
     # It is an approximation: the SFT policy's greedy episodes on the 26 held-out TextCraft
     # tasks came out identical on 3 of 26 (same 4 solved), and an RL trainer dividing by vLLM's
     # log-probabilities would see the rounding as off-policy noise. Hence "auto" by default.
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    kv_cache_dtype: KVCacheDType = "auto"
 
 
 # Shipped `accelerate launch` configs; here, so settings are checked without the trainers.

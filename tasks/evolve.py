@@ -375,9 +375,7 @@ def judge_model(settings: JudgeSettings, inference: InferenceSettings, chat, pol
             raise
         judge_chat = chat
     if settings.kind == "vllm":
-        backend = VLLMBackend(settings.model, inference.max_model_len, inference.kv_cache_gib,
-                              block_size=inference.block_size,
-                              kv_cache_dtype=inference.kv_cache_dtype)  # fmt: skip
+        backend = VLLMBackend.from_settings(settings.model, inference)
     else:
         backend = OpenAIBackend(settings.base_url, settings.model, judge_chat.tokenizer,
                                 timeout_s=settings.timeout_s)  # fmt: skip

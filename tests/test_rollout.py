@@ -667,3 +667,9 @@ def test_the_engine_gets_the_kv_cache_dtype_and_block_size_it_was_given(monkeypa
     inference.VLLMBackend("/m", 2048, 2)
     assert (made[0]["kv_cache_dtype"], made[0]["block_size"]) == ("fp8", 64)
     assert made[1]["kv_cache_dtype"] == "auto" and "block_size" not in made[1]
+    from flywheel.settings import InferenceSettings
+
+    settings = InferenceSettings(max_model_len=1024, block_size=96, kv_cache_dtype="fp8_e5m2")
+    inference.VLLMBackend.from_settings("/m", settings)  # the judge's and the benches' engines
+    assert (made[2]["model"], made[2]["max_model_len"], made[2]["block_size"]) == ("/m", 1024, 96)
+    assert made[2]["kv_cache_dtype"] == "fp8_e5m2"
