@@ -5,6 +5,7 @@ Everything is validated before any work starts; an error names the field to fix.
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -765,8 +766,62 @@ def validate_config(model: type[Strict], data: dict) -> Strict:
         lines = []
         for problem in error.errors():
             field = ".".join(str(p) for p in problem["loc"]) or "(top level)"
-            lines.append(f"  {field}: {problem['msg']}")
+            if problem["type"] == "extra_forbidden":
+                lines.append(f"  {field}: {unknown_key_message(model, problem['loc'])}")
+            else:
+                lines.append(f"  {field}: {problem['msg']}")
         raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
+
+
+def section_model(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None:
+    """The settings class at dotted `path` inside `model` (`["dpo"]` → DPOSettings), or None
+    where the path leaves the settings classes (a list entry, a free-form mapping)."""
+    for part in path:
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        model = settings_class_of(field.annotation)
+        if model is None:
+            return None
+    return model
+
+
+def settings_class_of(annotation) -> type[BaseModel] | None:
+    """The settings class a field holds (also inside `X | None`), or None for a plain value."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    found = [settings_class_of(a) for a in get_args(annotation) if a is not type(None)]
+    found = [a for a in found if a is not None]
+    return found[0] if len(found) == 1 else None
+
+
+def setting_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted key a config of `model` may set (`dpo.beta`, `env.qa.format`, ...)."""
+    keys = []
+    for name, field in model.model_fields.items():
+        nested = settings_class_of(field.annotation)
+        keys += setting_keys(nested, f"{prefix}{name}.") if nested else [f"{prefix}{name}"]
+    return keys
+
+
+def unknown_key_message(model: type[BaseModel], loc: tuple) -> str:
+    """Why a key is refused and what was probably meant: the nearest key of its section
+    (`dpo.betta` → dpo.beta), else keys elsewhere with that name (`beta` → dpo.beta), else the
+    section's keys."""
+    *parents, leaf = [str(part) for part in loc]
+    section = section_model(model, parents)
+    if section is None:
+        return "unknown setting"
+    prefix = "".join(f"{part}." for part in parents)
+    names = list(section.model_fields)
+    nearest = difflib.get_close_matches(leaf, names, n=1, cutoff=0.6)
+    if nearest:
+        return f"unknown setting; did you mean {prefix}{nearest[0]}?"
+    elsewhere = [key for key in setting_keys(model) if key.rsplit(".", 1)[-1] == leaf]
+    if elsewhere:
+        return f"unknown setting here; did you mean {' or '.join(elsewhere)}?"
+    where = f"section {prefix[:-1]}" if parents else "the top level"
+    return f"unknown setting; {where} has {', '.join(names)}"
 
 
 # ---- ET-Agent's self-evolving data flywheel -----------------------------------------------------

@@ -4,6 +4,7 @@ task runner, and open the flow run's MLflow parent run."""
 from __future__ import annotations
 
 import os
+import re
 import threading
 from datetime import UTC, datetime
 
@@ -21,16 +22,85 @@ from ops.shutdown import flow_process, stopping_children_on_error
 
 def preflight(cfg) -> ArtifactStore:
     """Refuse a run whose storage cannot be written or whose trainer settings trl rejects."""
-    store = ArtifactStore(cfg.storage_url)
-    try:
-        store.check_writable()
-    except OSError as error:
-        raise ConfigError(f"storage_url: {error}") from None
+    store = open_store(cfg.storage_url)
     check_mlflow(cfg)
     check_trainer_settings(cfg)
     check_task_lists(cfg)
     make_task_runner(cfg)  # a missing prefect-dask / prefect-ray is named now, not mid-run
     return store
+
+
+# Schemes of fsspec's registry that can hold a run's artifacts (not archives, caches or
+# read-only sources such as http or github).
+STORE_SCHEMES = ("file", "s3", "gs", "az", "abfs", "oci", "oss", "sftp", "ftp", "smb", "webdav")
+
+
+def open_store(url: str) -> ArtifactStore:
+    """The run's store, written to once: a scheme fsspec does not know, one whose package is
+    missing, or a store that refuses a write is a `ConfigError` naming what to install or set."""
+    scheme = url.split("://", 1)[0] if "://" in url else "file"
+    if problem := scheme_problem(scheme):
+        raise ConfigError(f"storage_url {url!r}: {problem}")
+    try:
+        store = ArtifactStore(url)
+    except Exception as error:  # the filesystem's own checks: credentials, options, a bad path
+        raise ConfigError(
+            f"storage_url {url!r} cannot be opened: {type(error).__name__}: {error}"
+        ) from None
+    try:
+        store.check_writable()
+    except OSError as error:
+        raise ConfigError(f"storage_url: {error}") from None
+    return store
+
+
+def scheme_problem(scheme: str) -> str | None:
+    """Why fsspec cannot open `scheme` here (unknown, or its package missing), or None."""
+    from fsspec.registry import get_filesystem_class, known_implementations
+
+    if scheme not in known_implementations:
+        try:
+            get_filesystem_class(scheme)  # a filesystem registered by an installed package
+            return None
+        except (ImportError, ValueError):
+            usable, missing = store_schemes()
+            return (
+                f"unknown scheme {scheme!r}; schemes that work here: {', '.join(usable)} (or a "
+                f"local folder); with their package installed: {', '.join(missing)}"
+            )
+    try:
+        get_filesystem_class(scheme)
+    except ImportError:
+        package = package_of(scheme)
+        hint = known_implementations[scheme].get("err") or f"it needs the {package} package"
+        return f"{hint} (`pip install {package}` into this environment, then run again)"
+    return None
+
+
+def store_schemes() -> tuple[list[str], list[str]]:
+    """The store schemes whose filesystem imports in this environment (`s3://`), and the
+    others with the package they need (`gs:// (gcsfs)`)."""
+    from fsspec.registry import get_filesystem_class
+
+    usable, missing = [], []
+    for scheme in STORE_SCHEMES:
+        try:
+            get_filesystem_class(scheme)
+            usable.append(f"{scheme}://")
+        except ImportError:
+            missing.append(f"{scheme}:// ({package_of(scheme)})")
+    return usable, missing
+
+
+def package_of(scheme: str) -> str:
+    """The package a scheme's filesystem needs: its own (gcsfs), or the one fsspec's message
+    names for an implementation fsspec ships (sftp: "paramiko")."""
+    from fsspec.registry import known_implementations
+
+    known = known_implementations[scheme]
+    root = known["class"].split(".", 1)[0]
+    named = re.search(r'"([\w-]+)"', known.get("err", ""))
+    return named.group(1) if root == "fsspec" and named else root
 
 
 MLFLOW_CHECK_TIMEOUT_S = 5.0
@@ -289,16 +359,24 @@ def cli_main(
     import argparse
     import sys
 
+    from flywheel.setting_docs import settings_help
     from flywheel.settings import load_config
 
     parser = argparse.ArgumentParser(
         prog=prog,
         description=description,
-        epilog=f"Overrides use dotted keys, e.g. {example} storage_url=s3://bucket/runs. "
-        "Every field is documented in flywheel/settings.py.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"Overrides use dotted keys, e.g. {example} storage_url=s3://bucket/runs; a "
+        "config file sets the same keys as nested YAML.\n\nSettings (key (type) = default  "
+        f"# what it does):\n\n{settings_help(config_class)}",
     )
     parser.add_argument("--config", help="YAML config file (defaults apply where it is silent)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="settings to override")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the run's resolved config (defaults, file, overrides) as YAML and exit",
+    )
     if campaign_flow is not None:
         parser.add_argument(
             "--campaign",
@@ -318,6 +396,9 @@ def cli_main(
         cfg = load_config(config_class, args.config, args.overrides)
         if args.break_lock:
             cfg.break_lock = True
+        if args.print_config:
+            print(config_yaml(cfg), end="")
+            return 0
         store = preflight(cfg)
         if not campaign:  # a campaign run waits for its slot, then for the lock
             RunLock(store.root, cfg.run_name).check(cfg.break_lock)
@@ -330,3 +411,10 @@ def cli_main(
         print(f"error: {state.message}", file=sys.stderr)
         return 1
     return 0
+
+
+def config_yaml(cfg) -> str:
+    """A config as the YAML file that gives it back (`--config` of the printed file)."""
+    import yaml
+
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,7 +57,10 @@ def launch(
     num_processes: int = 1,
     accelerate_config: str | None = None,
     extra_env: dict[str, str] | None = None,
+    log_name: str | None = None,
 ) -> None:
+    """Run the trainer, its output into `log_file`; a non-zero exit raises `TrainingFailed`
+    naming the log as `log_name` (where it is kept; default `log_file`)."""
     env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
     cmd = command(module, job_file, num_processes, accelerate_config)
     with open(log_file, "w") as log:
@@ -76,8 +80,65 @@ def launch(
         finally:  # a no-op after a normal end; after a signal or an error here, the group goes
             stop_trainer(process)
     if code != 0:
-        tail = "".join(Path(log_file).read_text().splitlines(keepends=True)[-25:])
-        raise RuntimeError(f"{module} exited with code {code}; last lines of {log_file}:\n{tail}")
+        log_text = Path(log_file).read_text(errors="replace")
+        raise TrainingFailed(trainer_failure(module, code, log_text, log_name or str(log_file)))
+
+
+class TrainingFailed(RuntimeError):
+    """A trainer process exited non-zero. The message's first line is the trainer's own error
+    and what to change; then where its whole log is kept, and the log's last lines."""
+
+
+# Launchers' wrappers around a worker's error (torchrun, accelerate): the worker's is the cause.
+LAUNCHER_ERRORS = re.compile(r"ChildFailedError|CalledProcessError")
+RANK_PREFIX = re.compile(r"^\[(default)?rank\d+\]:\s?")
+LOCAL_PATH = re.compile(r"(?<![\w:/])(/[^\s:'\"/]+)+/(?=[^\s/])")
+# Causes a setting fixes: (what the cause says, what to change in the trainer's section).
+FIXES = [
+    (re.compile(r"max_length=\d+"), "raise {section}.max_length"),
+    (re.compile(r"frozen_layers=\d+"), "lower {section}.frozen_layers"),
+    (re.compile(r"out of memory|OutOfMemoryError", re.I), "lower {section}.batch_size or .max_length"),
+]
+SECTIONS = {
+    "training.dpo": "dpo",
+    "training.rl": "rl",
+    "training.sft": "sft (revision_sft / rft for Agent-R's / ET-Agent's later SFT)",
+}
+CAUSE_CHARS = 160  # of the first line, which every short view (UI lists, tags) shows
+
+
+def trainer_failure(module: str, code: int, log_text: str, log_name: str) -> str:
+    """The failure as a person reads it: the cause and its fix first (short views cut the
+    message after a line), then the exit code and where the log is, then its last lines."""
+    lines = [RANK_PREFIX.sub("", line) for line in log_text.splitlines()]
+    cause = LOCAL_PATH.sub("", exception_line(lines) or f"{module} exited with code {code}")
+    if len(cause) > CAUSE_CHARS:
+        cause = cause[: CAUSE_CHARS - 1] + "…"
+    section = SECTIONS.get(module, module.rsplit(".", 1)[-1])
+    fixes = [fix.format(section=section) for pattern, fix in FIXES if pattern.search(cause)]
+    head = f"{cause} → {fixes[0]}" if fixes else cause
+    tail = "\n".join(log_text.splitlines()[-25:])
+    return (
+        f"{head}\n{module} exited with code {code}; its whole log: {log_name}\n"
+        f"last lines of the log:\n{tail}"
+    )
+
+
+def exception_line(lines: list[str]) -> str | None:
+    """The error a Python traceback in `lines` ends with (`ValueError: ...`): the last one that
+    is not a launcher's report of its worker's failure; else the log's last line."""
+    errors, in_traceback = [], False
+    for line in lines:
+        if line.startswith("Traceback (most recent call last)"):
+            in_traceback = True
+        elif in_traceback and line.strip() and not line[0].isspace():
+            errors.append(line.strip())
+            in_traceback = False
+    own = [error for error in errors if not LAUNCHER_ERRORS.search(error)]
+    if own or errors:
+        return (own or errors)[-1]
+    last = [line.strip() for line in lines if line.strip()]
+    return last[-1] if last else None
 
 
 def stop_trainer(process: subprocess.Popen) -> None:
@@ -151,9 +212,10 @@ def train_to_store(
         try:
             job_file = job.save(scratch / "job.json")
             launch(
-                module, job_file, log_file, settings.num_processes, settings.accelerate_config, env
-            )
-        finally:  # the log of a failed training is kept too
+                module, job_file, log_file, settings.num_processes, settings.accelerate_config, env,
+                log_name=f"{out_url}/train.log",
+            )  # fmt: skip
+        finally:  # the log of a failed training is kept too (the message points at this copy)
             if log_file.exists():
                 store.write_text(f"{out_url}/train.log", log_file.read_text())
         if not store.is_local:
