@@ -309,6 +309,9 @@ class SFTSettings(TrainerSettings):
     # Bottom transformer layers kept frozen (with the embeddings); backward stops above them,
     # which makes a step much cheaper on a CPU. 0 trains everything.
     frozen_layers: int = Field(default=0, ge=0)
+    # Optimizer steps between checkpoints into the stage's folder in the store, from which a
+    # killed stage resumes (training/checkpoint.py, docs/checkpoints.md); 0 turns them off.
+    checkpoint_every_steps: int = Field(default=50, ge=0)
     trl_args: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -324,6 +327,7 @@ class DPOSettings(TrainerSettings):
     rejected_extra_turns: int = Field(default=5, ge=0)
     num_processes: int = Field(default=1, ge=1)  # as in SFTSettings
     frozen_layers: int = Field(default=0, ge=0)  # as in SFTSettings
+    checkpoint_every_steps: int = Field(default=50, ge=0)  # as in SFTSettings
     trl_args: dict[str, Any] = Field(default_factory=dict)
     # Settings that change from round to round: entry r-1 updates the settings above for round
     # r, the last entry holds for later rounds. ETO's own schedule:
@@ -372,6 +376,7 @@ class RLSettings(TrainerSettings):
     max_length: int = Field(default=2048, ge=64)  # longer trajectories are left out, counted
     num_processes: int = Field(default=1, ge=1)  # as in SFTSettings
     frozen_layers: int = Field(default=0, ge=0)  # as in SFTSettings
+    checkpoint_every_steps: int = Field(default=50, ge=0)  # as in SFTSettings
     # The ratio is clipped to [1 - clip_low, 1 + clip_high]; clip_high above clip_low is DAPO's
     # clip-higher.
     clip_low: float = Field(default=0.2, gt=0)

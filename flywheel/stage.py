@@ -80,6 +80,7 @@ class StageRun:
         self.store = ArtifactStore(output.store_url)
         self.url = output.url
         self.tracker, self.run_id = tracker, run_id
+        self.key: str | None = None  # the stage's cache key (set by `run_body`): checkpoints'
 
     def file(self, name: str) -> str:
         """The URL of `name` inside the stage's folder."""
@@ -188,6 +189,7 @@ def run_body(body, inputs: BaseModel, run: StageRun, keyed: dict) -> Manifest:
     """Run the stage's body and publish its result under `keyed`; a failure ends the stage's
     MLflow run FAILED (KILLED when told to stop), never FINISHED."""
     try:
+        run.key = run.store.stage_key(keyed)[0]  # as `publish` keys it
         result = body(inputs, run)
         manifest = Manifest(stage=run.name, url=run.url, **result.model_dump())
         return run.store.publish(manifest, keyed)

@@ -6,6 +6,7 @@ from pydantic import BaseModel
 
 from flywheel.settings import RLSettings
 from flywheel.stage import StageResult, StageRun, stage
+from training.checkpoint import checkpoint_plan, remove_checkpoints
 from training.launch import trained_model
 
 
@@ -27,7 +28,10 @@ class RLInputs(BaseModel):
 @stage("rl")
 def rl_stage(inputs: RLInputs, run: StageRun) -> StageResult:
     """The updated policy in `model/`, the trainer's log in `train.log`, its last metrics."""
-    return trained_model(
+    checkpoint = checkpoint_plan(run, inputs.settings.checkpoint_every_steps)
+    result = trained_model(
         run, "training.rl", inputs.model_url, inputs.data_url, inputs.settings, trl_args={},
-        job_fields=rl_job_fields(inputs.settings, inputs.seed),
+        job_fields={**rl_job_fields(inputs.settings, inputs.seed), "checkpoint": checkpoint},
     )  # fmt: skip
+    remove_checkpoints(run.store, run.url)  # the model is in the store: nothing to resume
+    return result

@@ -29,6 +29,12 @@ class TrainingJob:
     seed: int = 0
     # trl's own CPU behaviour (project every position through the LM head); kept for the bench.
     score_every_position: bool = False
+    # Where and how often to checkpoint (`training.checkpoint.CheckpointPlan` as a dict); None
+    # trains without checkpoints.
+    checkpoint: dict | None = None
+    # Where to write every optimizer step's logged numbers (JSON list, a resumed run's earlier
+    # steps included); None writes none.
+    history_file: str | None = None
 
     def save(self, path: Path) -> Path:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
@@ -61,7 +67,7 @@ def trainer_defaults(job: TrainingJob) -> dict:
         "output_dir": str(Path(job.output_dir).with_name(Path(job.output_dir).name + "-work")),
         "report_to": reporting(),
         "logging_steps": 1,
-        "save_strategy": "no",
+        **checkpointing(job),
         "remove_unused_columns": False,
         "dataloader_num_workers": 0,
         "disable_tqdm": False,
@@ -74,6 +80,17 @@ def trainer_defaults(job: TrainingJob) -> dict:
         "gradient_checkpointing": False,
         **job.trl_args,
     }
+
+
+def checkpointing(job: TrainingJob) -> dict:
+    """The Trainer's save settings: a checkpoint every `every_steps` optimizer steps (only the
+    newest kept on the local disk; `training.checkpoint` mirrors it into the store), or none."""
+    from training.checkpoint import CheckpointPlan
+
+    plan = CheckpointPlan.from_job(job.checkpoint)
+    if plan is None:
+        return {"save_strategy": "no"}
+    return {"save_strategy": "steps", "save_steps": plan.every_steps, "save_total_limit": 1}
 
 
 def load_model(job: TrainingJob):
@@ -130,11 +147,19 @@ def report_metrics(metrics: dict) -> None:
 
 
 def train_and_save(trainer, tokenizer, job: TrainingJob, rows: int) -> dict:
-    """Train, write the model folder (all ranks take part in saving), return rank 0's metrics."""
-    result = trainer.train()
+    """Train (from the stage's newest checkpoint when it has one), write the model folder (all
+    ranks take part in saving), return rank 0's metrics."""
+    from training.checkpoint import CheckpointPlan, mirroring_callback
+
+    plan = CheckpointPlan.from_job(job.checkpoint)
+    if plan is not None:
+        trainer.add_callback(mirroring_callback(plan))
+    resume = resume_point(plan, Path(trainer.args.output_dir), trainer.is_world_process_zero())
+    result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(job.output_dir)
     if not trainer.is_world_process_zero():
         return {}
+    write_history(job, trainer.state.log_history)
     tokenizer.save_pretrained(job.output_dir)
     # The Trainer pickles its arguments next to the weights: no pickle goes into the store, and
     # their scratch paths would make two identical models differ in content.
@@ -144,5 +169,51 @@ def train_and_save(trainer, tokenizer, job: TrainingJob, rows: int) -> dict:
         "rows": rows,
         "processes": trainer.args.world_size,
         "optimizer_steps": result.global_step,
+        "resumed_from_step": resumed_step(resume),
         **result.metrics,
     }
+
+
+def resume_point(plan, work_dir: Path, is_main: bool) -> str | None:
+    """The local checkpoint folder every process resumes from: pulled by the first process,
+    its path handed to the others."""
+    import torch.distributed as dist
+
+    from training.checkpoint import pull_trainer_checkpoint
+
+    path = pull_trainer_checkpoint(plan, work_dir) if is_main else None
+    if dist.is_available() and dist.is_initialized():
+        shared = [path]
+        dist.broadcast_object_list(shared, src=0)
+        path = shared[0]
+    return path
+
+
+def resumed_step(checkpoint_folder: str | None) -> int:
+    return int(checkpoint_folder.rsplit("-", 1)[1]) if checkpoint_folder else 0
+
+
+def mlflow_step_logger():
+    """Log one optimizer step's numbers into the stage's MLflow run as training goes (the
+    launching stage hands its run over in MLFLOW_RUN_ID); None without one."""
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    if not run_id:
+        return None
+    import time
+
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(os.environ.get("MLFLOW_TRACKING_URI"))
+
+    def log_step(entry: dict) -> None:
+        now = int(time.time() * 1000)
+        numbers = {k: float(v) for k, v in entry.items() if k != "step"}
+        client.log_batch(run_id, [Metric(k, v, now, entry["step"]) for k, v in numbers.items()])
+
+    return log_step
+
+
+def write_history(job: TrainingJob, history: list[dict]) -> None:
+    if job.history_file:
+        Path(job.history_file).write_text(json.dumps(history))

@@ -35,11 +35,15 @@ from __future__ import annotations
 import contextlib
 import random
 import sys
-from dataclasses import dataclass
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list, gather_object
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm import tqdm
@@ -62,11 +66,27 @@ from training.advantages import (
     rloo_advantages,
     whiten,
 )
+from training.checkpoint import (
+    CheckpointPlan,
+    download_checkpoint,
+    latest_checkpoint,
+    load_state,
+    publish_checkpoint,
+    save_state,
+)
 from training.datasets import rl_rows, token_counts
-from training.job import TrainingJob, load_model, parse_job, report_metrics
+from training.job import (
+    TrainingJob,
+    load_model,
+    mlflow_step_logger,
+    parse_job,
+    report_metrics,
+    write_history,
+)
 from training.pareto import mixed_group_ids
 
 VALUE_HEAD_FILE = "value_head/head.safetensors"  # not at the top: see the docstring
+POLICY_FILE = "policy.safetensors"  # a checkpoint's trainable weights
 KL_IN_REWARD = ("reinforce++", "ppo")  # the other estimators put the KL in the loss
 GROUP_BASELINES = ("grpo", "dr-grpo", "rloo")  # advantages from the rewards alone
 
@@ -238,6 +258,14 @@ class Sums:
     kl: float = 0.0
     clipped: float = 0.0
 
+    def minus(self, earlier: Sums) -> Sums:
+        """What was added since `earlier` (one optimizer step's)."""
+        return Sums(
+            loss=self.loss - earlier.loss, steps=self.steps - earlier.steps,
+            tokens=self.tokens - earlier.tokens, kl=self.kl - earlier.kl,
+            clipped=self.clipped - earlier.clipped,
+        )  # fmt: skip
+
 
 def sequence_loss(
     policy, settings: RLSettings, rows: Rows, index: int, advantages, returns, sums: Sums
@@ -286,19 +314,19 @@ def optimizer_batches(count: int, batch_size: int, processes: int, seed: int) ->
     return [b for b in batches if b]
 
 
-def optimise(policy, optimizer, accelerator, settings, rows, advantages, returns, seed) -> Sums:
-    """`settings.epochs` passes over the rows; the statistics summed over all processes."""
-    sums = Sums()
+def optimise(policy, optimizer, accelerator, settings, rows, advantages, returns, progress) -> Sums:
+    """`settings.epochs` passes over the rows, from `progress.step` on (0, or where a checkpoint
+    left off); the statistics summed over all processes. Each optimizer step is logged
+    (`progress.record`) and, every `checkpoint_every_steps`, checkpointed."""
+    sums = progress.sums
     rank, processes = accelerator.process_index, accelerator.num_processes
-    schedule = [
-        batch
-        for epoch in range(settings.epochs)
-        for batch in optimizer_batches(
-            len(rows.input_ids), settings.batch_size, processes, seed + epoch
-        )
-    ]
-    bar = tqdm(schedule, desc="rl optimizer steps", disable=not accelerator.is_main_process)
-    for batch in bar:
+    schedule = optimizer_schedule(settings, len(rows.input_ids), processes, progress.seed)
+    bar = tqdm(
+        schedule, desc="rl optimizer steps", disable=not accelerator.is_main_process,
+        initial=progress.step,
+    )  # fmt: skip
+    for batch in schedule[progress.step :]:
+        started, before = time.perf_counter(), replace(sums)
         weights = sequence_weights(rows.mask[batch], settings.aggregation)
         share = list(range(rank, len(batch), processes))
         for step, position in enumerate(share):
@@ -312,12 +340,57 @@ def optimise(policy, optimizer, accelerator, settings, rows, advantages, returns
                 weighted = loss * weights[position] * processes
                 accelerator.backward(weighted)
             sums.loss += float(loss.detach() * weights[position])
-        accelerator.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
+        grad_norm = accelerator.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
+        learning_rate = optimizer.param_groups[0]["lr"]
         optimizer.step()
         optimizer.zero_grad()
         sums.steps += 1
+        progress.step += 1
+        step_sums = summed_over_processes(sums.minus(before), accelerator)
+        progress.record(
+            step_metrics(rows, advantages, batch, step_sums, grad_norm, learning_rate, started)
+            | {"epoch": progress.step / len(schedule) * settings.epochs}
+        )
+        if progress.step < len(schedule):
+            progress.maybe_checkpoint(policy, optimizer, rows, accelerator)
+        bar.update(1)
         bar.set_postfix(loss=f"{sums.loss / sums.steps:.4f}")
+    bar.close()
     return summed_over_processes(sums, accelerator)
+
+
+def optimizer_schedule(settings, count: int, processes: int, seed: int) -> list[list[int]]:
+    """Every optimizer step's rows, all epochs: fixed by the seed, so a resumed run takes the
+    same batches from the step it stopped at."""
+    return [
+        batch
+        for epoch in range(settings.epochs)
+        for batch in optimizer_batches(count, settings.batch_size, processes, seed + epoch)
+    ]
+
+
+def step_metrics(rows: Rows, advantages, batch, sums: Sums, grad_norm, lr, started) -> dict:
+    """One optimizer step's numbers, named as trl's trainers log theirs where trl has them."""
+    mask = rows.mask[batch]
+    advantage = advantages[batch][mask]
+    rewards = rows.rewards[batch]
+    tokens_forwarded = sum(len(rows.input_ids[i]) for i in batch)
+    loss_tokens = max(sums.tokens, 1)
+    return {
+        "loss": sums.loss,
+        "kl": sums.kl / loss_tokens,
+        "clip_ratio/region_mean": sums.clipped / loss_tokens,
+        "grad_norm": float(grad_norm),
+        "learning_rate": lr,
+        "reward": float(rewards.mean()),
+        "reward_std": float(rewards.std()) if len(batch) > 1 else 0.0,
+        "advantages/mean": float(advantage.mean()) if advantage.numel() else 0.0,
+        "advantages/std": float(advantage.std()) if advantage.numel() > 1 else 0.0,
+        "advantages/min": float(advantage.min()) if advantage.numel() else 0.0,
+        "advantages/max": float(advantage.max()) if advantage.numel() else 0.0,
+        "step_tokens": tokens_forwarded,
+        "tokens_per_second": tokens_forwarded / max(time.perf_counter() - started, 1e-9),
+    }
 
 
 def summed_over_processes(sums: Sums, accelerator) -> Sums:
@@ -326,6 +399,87 @@ def summed_over_processes(sums: Sums, accelerator) -> Sums:
     return Sums(
         loss=total[0], steps=sums.steps, tokens=int(total[1]), kl=total[2], clipped=total[3]
     )
+
+
+@dataclass
+class Progress:
+    """Where training stands: optimizer steps done, the sums so far, every step's numbers; what
+    a checkpoint holds and a resumed run starts from."""
+
+    seed: int
+    plan: CheckpointPlan | None = None
+    step: int = 0
+    sums: Sums = field(default_factory=Sums)
+    history: list[dict] = field(default_factory=list)
+    log_step: Callable[[dict], None] | None = None  # MLflow, on the main process
+
+    def record(self, metrics: dict) -> None:
+        """One optimizer step's numbers; `num_tokens` counts every token forwarded so far."""
+        seen = self.history[-1]["num_tokens"] if self.history else 0
+        entry = {"step": self.step, **metrics, "num_tokens": seen + metrics.pop("step_tokens")}
+        self.history.append(entry)
+        if self.log_step is not None:
+            self.log_step(entry)
+
+    def maybe_checkpoint(self, policy, optimizer, rows: Rows, accelerator) -> None:
+        if self.plan is not None and self.step % self.plan.every_steps == 0:
+            save_checkpoint(self, policy, optimizer, rows, accelerator)
+
+
+def save_checkpoint(progress: Progress, policy, optimizer, rows: Rows, accelerator) -> None:
+    """Publish the trainable weights, the optimizer's state, every process's sums, RNG and
+    first-visit log-probabilities, and the step reached (`training.checkpoint`)."""
+    own = {
+        "sums": asdict(progress.sums),
+        "recorded_logp": rows.recorded_logp,
+        "rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+    }
+    ranks = gather_object([own]) if accelerator.num_processes > 1 else [own]
+    if accelerator.is_main_process:
+        trained = accelerator.unwrap_model(policy).named_parameters()
+        weights = {n: p.detach().cpu().contiguous() for n, p in trained if p.requires_grad}
+        state = {
+            "step": progress.step, "history": progress.history, "ranks": ranks,
+            "optimizer": optimizer.state_dict(),
+            "start_logp": rows.start_logp, "start_values": rows.start_values,
+        }  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="flywheel-rl-checkpoint-") as folder:
+            save_file(weights, f"{folder}/{POLICY_FILE}")
+            files = {p.name: p for p in save_state(state, Path(folder), "state")}
+            publish_checkpoint(progress.plan, {**files, POLICY_FILE: Path(folder, POLICY_FILE)},
+                               progress.step)  # fmt: skip
+    accelerator.wait_for_everyone()
+
+
+def resume(progress: Progress, policy, optimizer, rows: Rows, accelerator) -> None:
+    """Continue from the stage's newest checkpoint for this key, if it has one: weights,
+    optimizer, sums, RNG, first-visit and starting log-probabilities, step."""
+    if progress.plan is None:
+        return
+    found = [latest_checkpoint(progress.plan) if accelerator.is_main_process else None]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(found)
+    if found[0] is None:
+        return
+    url, record = found[0]
+    with tempfile.TemporaryDirectory(prefix="flywheel-rl-resume-") as folder:
+        local = download_checkpoint(progress.plan, url, record, Path(folder) / "checkpoint")
+        state = load_state(local, "state")
+        weights = load_file(str(local / POLICY_FILE))
+    unexpected = accelerator.unwrap_model(policy).load_state_dict(weights, strict=False)[1]
+    if unexpected:
+        raise ValueError(f"checkpoint {url} holds weights this policy lacks: {unexpected[:3]}")
+    optimizer.load_state_dict(state["optimizer"])
+    own = state["ranks"][accelerator.process_index]
+    rows.recorded_logp = own["recorded_logp"]
+    rows.start_logp, rows.start_values = state["start_logp"], state["start_values"]
+    torch.set_rng_state(own["rng"])
+    if own["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(own["cuda_rng"])
+    progress.sums, progress.step = Sums(**own["sums"]), state["step"]
+    progress.history = state["history"]
+    print(f"resuming from checkpoint {url} (optimizer step {progress.step})")
 
 
 def group_stats(rows: Rows) -> dict[str, int]:
@@ -394,22 +548,30 @@ def train(job: TrainingJob) -> dict:
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate, weight_decay=0.0)
     wrapped, optimizer = accelerator.prepare(policy, optimizer)
+    progress = Progress(
+        seed=job.seed, plan=CheckpointPlan.from_job(job.checkpoint),
+        log_step=mlflow_step_logger() if accelerator.is_main_process else None,
+    )  # fmt: skip
     sums = Sums()
     if found:
-        if needs_starting_pass(settings):
+        resume(progress, wrapped, optimizer, rows, accelerator)
+        resumed_from = progress.step
+        if needs_starting_pass(settings) and rows.start_logp is None:
             starting_pass(policy, rows, accelerator.device)
         if advantages is None:
             advantages, returns = estimate_advantages(settings, rows)
         else:
             returns = None
         sums = optimise(
-            wrapped, optimizer, accelerator, settings, rows, advantages, returns, job.seed
+            wrapped, optimizer, accelerator, settings, rows, advantages, returns, progress
         )
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         return {}
     save_policy(accelerator.unwrap_model(wrapped), tokenizer, job.output_dir)
+    write_history(job, progress.history)
     return {
+        "resumed_from_step": resumed_from if found else 0,
         **metrics(rows, advantages, sums, counts, found, accelerator.num_processes),
         **sampled,
         "rows_skipped_zero_advantage": skipped,

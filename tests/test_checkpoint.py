@@ -1,0 +1,219 @@
+"""Checkpoints in the store without a trainer: the pickle-free state format, publishing (record
+last, older ones removed), finding the newest one for the stage's key (others removed, never
+resumed), checked downloads, and the Trainer's files converted and restored."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from flywheel.storage import ArtifactStore
+from training.checkpoint import (
+    CheckpointPlan,
+    UnstorableState,
+    checkpoint_plan,
+    decode_state,
+    download_checkpoint,
+    encode_state,
+    latest_checkpoint,
+    publish_checkpoint,
+    pull_trainer_checkpoint,
+    remove_checkpoints,
+    restore_trainer_files,
+    trainer_files,
+)
+from training.job import TrainingJob, checkpointing
+
+
+def optimizer_like_state() -> dict:
+    """What AdamW's state_dict, a scheduler's and the Trainer's RNG file hold."""
+    random.seed(3)
+    np.random.seed(3)
+    return {
+        "state": {0: {"step": torch.tensor(4.0), "exp_avg": torch.arange(6.0).reshape(2, 3)}},
+        "param_groups": [{"lr": 1e-4, "betas": (0.9, 0.999), "params": [0], "foreach": None}],
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "cpu": torch.random.get_rng_state(),
+        "last_lr": [float("nan"), 0.1 + 0.2],
+        "flags": [True, "cosine", np.float64(0.5)],
+    }
+
+
+def assert_same(a, b) -> None:
+    assert type(a) is type(b), (a, b)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same(x, y)
+    elif isinstance(a, float) and a != a:
+        assert b != b
+    else:
+        assert a == b
+
+
+def test_state_round_trips_through_json_and_tensors_with_its_types():
+    state = optimizer_like_state()
+    tensors: dict = {}
+    tree = json.loads(json.dumps(encode_state(state, tensors)))  # what the store holds
+    assert_same(decode_state(tree, tensors), state)
+    # int keys stay ints, tuples tuples: torch's optimizer and random.setstate need them
+    restored = decode_state(tree, tensors)
+    assert 0 in restored["state"] and isinstance(restored["param_groups"][0]["betas"], tuple)
+    random.setstate(restored["python"])
+    np.random.set_state(restored["numpy"])
+    assert random.random() == random.Random(3).random()
+
+
+def test_a_value_that_would_need_pickling_is_refused():
+    with pytest.raises(UnstorableState, match="set"):
+        encode_state({"x": {1, 2}}, {})
+
+
+def plan(tmp_path, key: str) -> CheckpointPlan:
+    store = ArtifactStore(str(tmp_path / "store"))
+    return CheckpointPlan(store.root, store.url("sft/checkpoint"), key, every_steps=1)
+
+
+def files(tmp_path, content: str) -> dict:
+    path = tmp_path / f"{content}.txt"
+    path.write_text(content)
+    return {"weights.txt": path}
+
+
+def test_the_newest_checkpoint_for_the_key_is_found_and_older_ones_are_gone(tmp_path):
+    mine = plan(tmp_path, "key-a")
+    publish_checkpoint(mine, files(tmp_path, "two"), step=2)
+    url = publish_checkpoint(mine, files(tmp_path, "four"), step=4)
+    found_url, record = latest_checkpoint(mine)
+    assert (found_url, record["step"], record["key"]) == (url, 4, "key-a")
+    store = ArtifactStore(mine.store_url)
+    assert [u.rsplit("/", 2)[-2] for u in store.list_files(mine.url)] == ["step-00000004"] * 2
+    local = download_checkpoint(mine, found_url, record, tmp_path / "pulled")
+    assert (local / "weights.txt").read_text() == "four"
+
+
+def test_a_checkpoint_written_for_other_inputs_is_removed_not_resumed(tmp_path, capsys):
+    publish_checkpoint(plan(tmp_path, "other-inputs"), files(tmp_path, "theirs"), step=7)
+    mine = plan(tmp_path, "key-a")
+    assert latest_checkpoint(mine) is None
+    assert "written for other inputs" in capsys.readouterr().out
+    assert ArtifactStore(mine.store_url).list_files(mine.url) == []
+    assert pull_trainer_checkpoint(mine, tmp_path / "work") is None  # the trainer starts at 0
+
+
+def test_a_checkpoint_without_its_record_is_incomplete_and_removed(tmp_path):
+    mine = plan(tmp_path, "key-a")
+    publish_checkpoint(mine, files(tmp_path, "two"), step=2)
+    url = publish_checkpoint(mine, files(tmp_path, "four"), step=4)
+    # a later step cut short: its files, no record
+    store = ArtifactStore(mine.store_url)
+    store.write_text(f"{mine.url}/step-00000006/weights.txt", "six, half written")
+    found_url, record = latest_checkpoint(mine)
+    assert found_url == url and record["step"] == 4
+    assert not store.exists(f"{mine.url}/step-00000006")
+
+
+def test_a_changed_checkpoint_file_is_refused_on_download(tmp_path):
+    mine = plan(tmp_path, "key-a")
+    url = publish_checkpoint(mine, files(tmp_path, "four"), step=4)
+    ArtifactStore(mine.store_url).write_text(f"{url}/weights.txt", "fore")
+    found_url, record = latest_checkpoint(mine)
+    with pytest.raises(ValueError, match="does not match its checkpoint record"):
+        download_checkpoint(mine, found_url, record, tmp_path / "pulled")
+    assert not (tmp_path / "pulled").exists()
+
+
+def test_trainer_pickles_are_stored_as_safetensors_and_json_and_restored(tmp_path):
+    folder = tmp_path / "checkpoint-3"
+    folder.mkdir()
+    state = optimizer_like_state()
+    del state["flags"]  # a numpy scalar: not in what the Trainer saves, nor allowed to load
+    torch.save(state, folder / "rng_state.pth")
+    torch.save({"step": torch.tensor(3)}, folder / "optimizer.pt")
+    torch.save({"anything": "pickled"}, folder / "training_args.bin")
+    (folder / "trainer_state.json").write_text("{}")
+    (tmp_path / "scratch").mkdir()
+    stored = trainer_files(folder, tmp_path / "scratch")
+    assert sorted(stored) == [
+        "optimizer.pt.state.json", "optimizer.pt.state.safetensors",
+        "rng_state.pth.state.json", "rng_state.pth.state.safetensors", "trainer_state.json",
+    ]  # fmt: skip
+
+    mine = plan(tmp_path, "key-a")
+    publish_checkpoint(mine, stored, step=3)
+    store = ArtifactStore(mine.store_url)
+    assert not [u for u in store.list_files(mine.url) if u.endswith((".pt", ".pth", ".bin"))]
+    local = pull_trainer_checkpoint(mine, tmp_path / "work")
+    assert local == str(tmp_path / "work" / "checkpoint-3")
+    pulled = tmp_path / "work" / "checkpoint-3"
+    assert sorted(p.name for p in pulled.iterdir()) == [
+        "optimizer.pt", "rng_state.pth", "trainer_state.json"
+    ]  # fmt: skip
+    # the Trainer loads them with weights_only=True, as transformers does
+    from transformers.trainer_pt_utils import safe_globals
+
+    with safe_globals():
+        restored = torch.load(pulled / "rng_state.pth", weights_only=True)
+    assert_same(restored, state)
+
+
+def test_restoring_twice_is_harmless(tmp_path):
+    folder = tmp_path / "c"
+    folder.mkdir()
+    torch.save({"step": torch.tensor(1)}, folder / "optimizer.pt")
+    (tmp_path / "s").mkdir()
+    stored = trainer_files(folder, tmp_path / "s")
+    pulled = tmp_path / "pulled"
+    pulled.mkdir()
+    for name, path in stored.items():
+        (pulled / name).write_bytes(path.read_bytes())
+    restore_trainer_files(pulled)
+    restore_trainer_files(pulled)
+    assert [p.name for p in pulled.iterdir()] == ["optimizer.pt"]
+
+
+class Run:
+    def __init__(self, tmp_path, key):
+        self.store = ArtifactStore(str(tmp_path / "store"))
+        self.url, self.key = self.store.url("sft"), key
+
+    def file(self, name):
+        return f"{self.url}/{name}"
+
+
+def test_a_stage_checkpoints_only_under_its_key_and_removes_its_checkpoints(tmp_path):
+    run = Run(tmp_path, "key-a")
+    assert checkpoint_plan(run, 50) == {
+        "store_url": run.store.root, "url": f"{run.url}/checkpoint", "key": "key-a",
+        "every_steps": 50,
+    }  # fmt: skip
+    assert checkpoint_plan(run, 0) is None  # turned off
+    assert checkpoint_plan(Run(tmp_path, None), 50) is None  # a bare body has no key
+    publish_checkpoint(CheckpointPlan(**checkpoint_plan(run, 50)), files(tmp_path, "x"), step=1)
+    run.store.write_text(run.file("model/config.json"), "{}")
+    remove_checkpoints(run.store, run.url)
+    assert run.store.list_files(run.url) == [run.file("model/config.json")]
+
+
+def test_the_trainer_saves_every_n_steps_only_with_a_plan():
+    job = TrainingJob("m", "d", "/o")
+    assert checkpointing(job) == {"save_strategy": "no"}
+    job.checkpoint = {"store_url": "file:///s", "url": "file:///s/c", "key": "k", "every_steps": 0}
+    assert checkpointing(job) == {"save_strategy": "no"}
+    job.checkpoint["every_steps"] = 25
+    assert checkpointing(job) == {
+        "save_strategy": "steps", "save_steps": 25, "save_total_limit": 1
+    }  # fmt: skip

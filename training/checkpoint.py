@@ -1,0 +1,306 @@
+"""Checkpoints a training stage resumes from after it was killed, kept in the stage's folder in
+the artifact store (`<stage url>/checkpoint/step-<n>/`), so a re-run on another machine resumes
+too.
+
+A checkpoint is published like a stage: its files first, `_CHECKPOINT.json` last (the stage's
+cache key, the step, and the size and sha256 of every file). A folder without that record is a
+checkpoint cut short and never counts; one whose key is not the running stage's (other inputs,
+settings or code) is removed, never resumed. After a new checkpoint is published the older ones
+go, and the stage removes the last one when it publishes its model (`remove_checkpoints`).
+
+Nothing in the store is a pickle. Torch-pickled state (the Trainer's `optimizer.pt`,
+`scheduler.pt`, `rng_state.pth`) is stored as `<name>.state.safetensors` (its tensors) and
+`<name>.state.json` (everything else, `encode_state`), and turned back into the Trainer's files
+on the local disk when a stage resumes. docs/checkpoints.md says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from flywheel.storage import ArtifactStore, hash_local_file
+
+COMPLETE = "_CHECKPOINT.json"  # written last: a step folder without it is incomplete
+STEP_PREFIX = "step-"
+PICKLED = (".pt", ".pth", ".bin")  # torch.save files a Trainer writes
+STATE_SUFFIX = ".state"  # `optimizer.pt` is stored as optimizer.pt.state.{safetensors,json}
+NOT_STORED = ("training_args.bin",)  # the Trainer's pickled arguments: not needed to resume
+
+
+@dataclass
+class CheckpointPlan:
+    """Where and how often a trainer checkpoints; in the job file (`TrainingJob.checkpoint`)."""
+
+    store_url: str  # the artifact store's root
+    url: str  # <stage url>/checkpoint
+    key: str  # the stage's cache key: a checkpoint for another key is never resumed
+    every_steps: int  # optimizer steps between checkpoints; 0 turns checkpointing off
+
+    @classmethod
+    def from_job(cls, fields: dict | None) -> CheckpointPlan | None:
+        plan = cls(**fields) if fields else None
+        return plan if plan and plan.every_steps > 0 else None
+
+    def as_job_field(self) -> dict:
+        return asdict(self)
+
+
+def checkpoint_plan(run, every_steps: int) -> dict | None:
+    """The job field for a stage's trainer: checkpoint into `<run.url>/checkpoint` under the
+    stage's key. None where the stage runs without a key (its bare body) or checkpoints off."""
+    key = getattr(run, "key", None)
+    if not key or every_steps <= 0:
+        return None
+    return CheckpointPlan(run.store.root, run.file("checkpoint"), key, every_steps).as_job_field()
+
+
+# Pickle-free state: tensors in safetensors, the rest as JSON --------------------------------
+
+
+class UnstorableState(TypeError):
+    """A state holds a type `encode_state` cannot write without pickling it."""
+
+
+def encode_state(value, tensors: dict[str, torch.Tensor]):
+    """`value` (nested dicts, lists, tuples, tensors, numpy arrays and plain values) as JSON, its
+    tensors moved into `tensors` under numbered names. Containers are tagged so that tuples stay
+    tuples and dict keys keep their type (an optimizer's state is keyed by int)."""
+    if isinstance(value, torch.Tensor):
+        name = str(len(tensors))
+        tensors[name] = value.detach().cpu().contiguous()
+        return {"tensor": name}
+    if isinstance(value, np.ndarray):
+        name = str(len(tensors))
+        tensors[name] = torch.from_numpy(np.ascontiguousarray(value))
+        return {"ndarray": name, "dtype": str(value.dtype)}
+    if isinstance(value, np.generic):
+        return {"npscalar": value.item(), "dtype": str(value.dtype)}
+    if isinstance(value, dict):
+        return {
+            "dict": [[encode_state(k, tensors), encode_state(v, tensors)] for k, v in value.items()]
+        }
+    if isinstance(value, list | tuple):
+        tag = "tuple" if isinstance(value, tuple) else "list"
+        return {tag: [encode_state(v, tensors) for v in value]}
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    raise UnstorableState(f"cannot store a {type(value).__name__} without pickling it")
+
+
+def decode_state(tree, tensors: dict[str, torch.Tensor]):
+    """The value `encode_state` wrote."""
+    if not isinstance(tree, dict):
+        return tree
+    if "tensor" in tree:
+        return tensors[tree["tensor"]]
+    if "ndarray" in tree:
+        return tensors[tree["ndarray"]].numpy().astype(tree["dtype"])
+    if "npscalar" in tree:
+        return np.dtype(tree["dtype"]).type(tree["npscalar"])
+    if "dict" in tree:
+        return {decode_state(k, tensors): decode_state(v, tensors) for k, v in tree["dict"]}
+    if "tuple" in tree:
+        return tuple(decode_state(v, tensors) for v in tree["tuple"])
+    return [decode_state(v, tensors) for v in tree["list"]]
+
+
+def save_state(value, folder: Path, name: str) -> list[Path]:
+    """Write `value` as `<name>.safetensors` + `<name>.json` in `folder`."""
+    tensors: dict[str, torch.Tensor] = {}
+    tree = encode_state(value, tensors)
+    paths = [Path(folder) / f"{name}.safetensors", Path(folder) / f"{name}.json"]
+    save_file(tensors, str(paths[0]))
+    paths[1].write_text(json.dumps(tree))
+    return paths
+
+
+def load_state(folder: Path, name: str):
+    tensors = load_file(str(Path(folder) / f"{name}.safetensors"))
+    return decode_state(json.loads((Path(folder) / f"{name}.json").read_text()), tensors)
+
+
+# Publishing and finding checkpoints in the store -------------------------------------------
+
+
+def step_url(plan: CheckpointPlan, step: int) -> str:
+    return f"{plan.url}/{STEP_PREFIX}{step:08d}"
+
+
+def publish_checkpoint(plan: CheckpointPlan, files: dict[str, Path], step: int) -> str:
+    """Upload `files` (name in the checkpoint -> local path) as the checkpoint of `step`, its
+    record last, then remove every other checkpoint of the stage. Returns its URL."""
+    store = ArtifactStore(plan.store_url)
+    target = step_url(plan, step)
+    remove_folder(store, target)  # a cut-short attempt at the same step
+    digests = {}
+    for name, path in sorted(files.items()):
+        url = f"{target}/{name}"
+        store.fs.makedirs(store._path(url).rsplit("/", 1)[0], exist_ok=True)
+        store.fs.put_file(str(path), store._path(url))
+        digests[name] = hash_local_file(str(path)).model_dump()
+    record = {"key": plan.key, "step": step, "files": digests}
+    store.write_text(f"{target}/{COMPLETE}", json.dumps(record, indent=2))
+    for other in step_folders(store, plan.url):
+        if other != target:
+            remove_folder(store, other)
+    return target
+
+
+def remove_folder(store: ArtifactStore, url: str) -> None:
+    if store.exists(url):
+        store.fs.rm(store._path(url), recursive=True)
+
+
+def step_folders(store: ArtifactStore, url: str) -> list[str]:
+    if not store.exists(url):
+        return []
+    names = {u[len(url) + 1 :].split("/", 1)[0] for u in store.list_files(url)}
+    return sorted(f"{url}/{n}" for n in names if n.startswith(STEP_PREFIX))
+
+
+def latest_checkpoint(plan: CheckpointPlan) -> tuple[str, dict] | None:
+    """The newest complete checkpoint written for `plan.key` (its URL and record). Checkpoints
+    cut short or written for another key are removed on the way, and said so."""
+    store = ArtifactStore(plan.store_url)
+    found = []
+    for folder in step_folders(store, plan.url):
+        record = read_record(store, folder)
+        if record is None:
+            print(f"checkpoint {folder} is incomplete (no {COMPLETE}): removed")
+        elif record["key"] != plan.key:
+            print(
+                f"checkpoint {folder} was written for other inputs (key {record['key']}, this "
+                f"stage's is {plan.key}): removed, not resumed"
+            )
+        else:
+            found.append((record["step"], folder, record))
+            continue
+        remove_folder(store, folder)
+    if not found:
+        return None
+    _, folder, record = max(found)
+    return folder, record
+
+
+def read_record(store: ArtifactStore, folder: str) -> dict | None:
+    url = f"{folder}/{COMPLETE}"
+    if not store.exists(url):
+        return None
+    try:
+        with store.fs.open(store._path(url)) as f:
+            record = json.loads(f.read())
+        return record if {"key", "step", "files"} <= set(record) else None
+    except ValueError:
+        return None
+
+
+def download_checkpoint(plan: CheckpointPlan, folder_url: str, record: dict, target: Path) -> Path:
+    """The checkpoint's files in the local folder `target`, each checked against its record.
+    Written beside `target` and renamed into place, so a pull cut short leaves nothing."""
+    store = ArtifactStore(plan.store_url)
+    target = Path(target)
+    part = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
+    try:
+        for name, expected in record["files"].items():
+            local = part / name
+            local.parent.mkdir(parents=True, exist_ok=True)
+            store.fs.get_file(store._path(f"{folder_url}/{name}"), str(local))
+            found = hash_local_file(str(local))
+            if (found.size, found.sha256) != (expected["size"], expected["sha256"]):
+                raise ValueError(f"{folder_url}/{name} does not match its checkpoint record")
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(part, target)
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
+    return target
+
+
+def remove_checkpoints(store: ArtifactStore, stage_url: str) -> None:
+    """A stage's checkpoints, removed once its model is in the store (before it publishes)."""
+    remove_folder(store, f"{stage_url}/checkpoint")
+
+
+# The Trainer's checkpoint folders (SFT, DPO) ------------------------------------------------
+
+
+def trainer_files(folder: Path, scratch: Path) -> dict[str, Path]:
+    """The files of a Trainer checkpoint folder as stored: pickles converted into state files
+    in `scratch`, the Trainer's pickled arguments left out, the rest as they are."""
+    from transformers.trainer_pt_utils import safe_globals
+
+    files = {}
+    for path in sorted(Path(folder).rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if not path.is_file() or path.name in NOT_STORED:
+            continue
+        if path.suffix not in PICKLED:
+            files[name] = path
+            continue
+        # Our own process wrote it a moment ago; weights_only refuses anything but tensors and
+        # plain values (and numpy's RNG state, allowed as the Trainer allows it to load it).
+        with safe_globals():
+            value = torch.load(path, map_location="cpu", weights_only=True)
+        stored = scratch / (name + STATE_SUFFIX)
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        for written in save_state(value, stored.parent, stored.name):
+            files[written.relative_to(scratch).as_posix()] = written
+    return files
+
+
+def restore_trainer_files(folder: Path) -> None:
+    """Turn the stored state files of a pulled checkpoint back into the Trainer's own files."""
+    for tree in sorted(Path(folder).rglob(f"*{STATE_SUFFIX}.json")):
+        stem = tree.name.removesuffix(".json")
+        value = load_state(tree.parent, stem)
+        torch.save(value, tree.parent / stem.removesuffix(STATE_SUFFIX))
+        tree.unlink()
+        (tree.parent / f"{stem}.safetensors").unlink()
+
+
+def pull_trainer_checkpoint(plan: CheckpointPlan | None, work_dir: Path) -> str | None:
+    """The local Trainer checkpoint folder to resume from (`resume_from_checkpoint`), pulled
+    from the store; None to start from step 0."""
+    if plan is None:
+        return None
+    found = latest_checkpoint(plan)
+    if found is None:
+        return None
+    folder_url, record = found
+    local = download_checkpoint(
+        plan, folder_url, record, Path(work_dir) / f"checkpoint-{record['step']}"
+    )
+    restore_trainer_files(local)
+    print(f"resuming from checkpoint {folder_url} (optimizer step {record['step']})")
+    return str(local)
+
+
+def mirroring_callback(plan: CheckpointPlan):
+    """A TrainerCallback that publishes every checkpoint the Trainer saves into the store."""
+    from transformers import TrainerCallback
+
+    class MirrorCheckpoints(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            wait_for_every_process()  # each process's RNG file is written
+            if state.is_world_process_zero:
+                folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                with tempfile.TemporaryDirectory(dir=args.output_dir) as scratch:
+                    files = trainer_files(folder, Path(scratch))
+                    publish_checkpoint(plan, files, state.global_step)
+            wait_for_every_process()
+
+    return MirrorCheckpoints()
+
+
+def wait_for_every_process() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
