@@ -34,6 +34,7 @@ from envs.base import Environment, Episode, Split, StepResult
 from envs.qa_benchmarks import load_benchmark
 from envs.qa_data import Document, QAData, QARecord, World, generated_qa, generated_world
 from envs.qa_rewards import QAReward, RewardWeights, qa_reward
+from envs.sandbox import SandboxLimits, check_namespaces
 from envs.tools import (
     ERROR,
     AnswerTool,
@@ -192,6 +193,8 @@ class QAEnv(Environment):
         for split in ("train", "test"):
             if not self.data(split).questions:
                 raise ValueError(f"env.qa: the {split} split has no questions")
+        if "python" in self.settings.tools and self.settings.python_isolation == "namespaces":
+            check_namespaces()  # the kernel's refusal, before any episode starts
 
     def data(self, split: Split) -> QAData:
         with self._lock:
@@ -223,7 +226,8 @@ class QAEnv(Environment):
 
     def _tool(self, name: str, split: Split) -> Tool:
         if name == "python":
-            return PythonTool(self.tool_settings)
+            isolation = self.settings.python_isolation
+            return PythonTool(self.tool_settings, SandboxLimits(isolation=isolation))
         corpus = [searchable_text(d) for d in self.data(split).corpus]
         return SearchTool(corpus, k=self.settings.search_k, settings=self.tool_settings)
 

@@ -1,43 +1,73 @@
 """Run model-written Python in a subprocess with limits (the `python` tool's engine).
 
 Each run gets a fresh temporary directory (its working directory, HOME and TMPDIR), removed
-afterwards, and a new session, so that on a timeout the whole process group is killed. The child
-(`envs/sandbox_child.py`) lowers its limits and installs an audit hook before the code runs:
+afterwards, and a new session, so that on a timeout the whole process group is killed. Two boxes,
+chosen by `SandboxLimits.isolation` (the setting `env.qa.python_isolation`):
+
+"namespaces" (the default; `envs/sandbox_namespaces.py`): the code runs in new user, mount, PID,
+network, IPC, UTS and cgroup namespaces, as an unprivileged user with no capabilities. It sees a
+root of its own: read-only binds of the interpreter's files (its prefix, the virtual environment,
+/usr/lib), its directory read-write at /sandbox, /dev/null and friends, and a /proc showing only
+its own processes; nothing else of the host (no /etc, no home, no /tmp). The network namespace
+has only a loopback that is down, so no connection leaves, whatever the code calls. Its
+environment is a fixed one of a few variables, nothing of the parent's. RLIMIT_NPROC holds
+(the box's user is not root), and nested user namespaces are disabled inside. Where the kernel
+refuses a step of this, `run_python` raises SandboxUnavailable naming the setting that accepts
+the weaker box; nothing falls back silently.
+
+"audit-hooks": the code runs with the parent's user and view, behind the child's audit hooks
+only. That box is a guard against a model's mistakes, not against code that sets out to escape:
+ctypes reaches libc past the hooks, files relative to a `dir_fd` opened outside are not checked,
+anything the parent's user can read is readable, and as root RLIMIT_NPROC does not apply.
+
+In both, `envs/sandbox_child.py` lowers the limits and installs the audit hooks before the code
+runs (in the namespace box, as a second layer):
 
 - wall time: the parent kills the group after `wall_s`; CPU time: RLIMIT_CPU (SIGXCPU);
 - memory: RLIMIT_AS (an allocation past it raises MemoryError); file size: RLIMIT_FSIZE, which
-  also bounds what the code can print (stdout goes to a file);
+  also bounds what the code can print (stdout goes to a file); open files: RLIMIT_NOFILE;
 - processes: the audit hook refuses fork, exec, spawn, subprocess and os.system; RLIMIT_NPROC
-  (the user's current count plus `max_processes`) backs it up for non-root users;
+  (`max_processes` more) backs it up for non-root users, the namespace box's included;
 - network: the hook refuses socket connect, bind, sendto, sendmsg and name lookups;
 - files: the hook refuses opening for writing, removing, renaming or changing any path outside
   the run's own directory (symlinks are resolved first);
 - signals: the hook refuses signalling any process but itself.
 
-Threat model, honestly: this is a guard against a model's mistakes (an infinite loop, a
-runaway allocation, a stray `rm`, a fork in a loop, a request to the internet), not a security
-boundary against code that sets out to escape. Audit hooks can be bypassed (ctypes calling libc
-directly, `_posixsubprocess`, file calls relative to a `dir_fd` opened outside); the code can read whatever the parent's user can read; as root,
-RLIMIT_NPROC does not apply, so a fork made through ctypes is bounded only by the timeout's
-group kill. Untrusted code needs a container or VM (gVisor, firecracker) instead.
+What the namespace box does not do (see docs/sandbox.md): it shares the host's kernel, so a
+kernel bug is a way out (gVisor or a VM close that); it filters no system calls (no seccomp);
+and memory is bounded per process (RLIMIT_AS), not for the box as a whole (no cgroup).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from envs.sandbox_namespaces import BOX_HOME, NOBODY, SETUP_FAILED, SETUP_MARK
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
+LAUNCHER = Path(__file__).with_name("sandbox_namespaces.py")
+Isolation = Literal["namespaces", "audit-hooks"]
+WEAKER_BOX_SETTING = "env.qa.python_isolation=audit-hooks"
+# Library folders the interpreter's extension modules load from (libffi for ctypes, libssl, ...).
+SYSTEM_LIBRARIES = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32")
+
+
+class SandboxUnavailable(RuntimeError):
+    """The kernel refused the namespace box; the message names the setting for the weaker one."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +77,9 @@ class SandboxLimits:
     memory_mb: int = 1024
     max_processes: int = 16
     max_file_mb: int = 8  # any file written, stdout included
+    max_open_files: int = 256
     root: str | None = None  # where the runs' temporary directories go (None: the system's)
+    isolation: Isolation = "namespaces"
 
     def child_limits(self) -> dict:
         cpu_s = self.cpu_s if self.cpu_s is not None else math.ceil(self.wall_s) + 1
@@ -56,6 +88,7 @@ class SandboxLimits:
             "memory_mb": self.memory_mb,
             "max_processes": self.max_processes,
             "max_file_mb": self.max_file_mb,
+            "max_open_files": self.max_open_files,
         }
 
 
@@ -67,26 +100,55 @@ class SandboxRun:
 
 
 def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRun:
-    """Run `code` as a script in a fresh sandbox; never raises for anything the code does."""
+    """Run `code` as a script in a fresh sandbox; never raises for anything the code does.
+    Raises SandboxUnavailable where the kernel refuses the namespace box."""
     home = tempfile.mkdtemp(prefix="flywheel-python-", dir=limits.root)
     started = time.perf_counter()
     try:
         Path(home, "main.py").write_text(code)
         with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
             returncode, stopped = _run_child(home, limits, stdout, stderr)
-            output, error = _read(stdout), stopped or _failure(returncode, _read(stderr))
+            output, errors = _read(stdout), _read(stderr)
+            if returncode == SETUP_FAILED and errors.startswith(SETUP_MARK):
+                raise SandboxUnavailable(_refusal(errors))
+            error = stopped or _failure(returncode, errors)
         return SandboxRun(output, error, time.perf_counter() - started)
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
 
+def _refusal(errors: str) -> str:
+    return (
+        f"the python tool's namespace box could not start ({errors.splitlines()[0]}). The "
+        "kernel must allow unprivileged user namespaces (sysctls user.max_user_namespaces > 0, "
+        "kernel.unprivileged_userns_clone=1, kernel.apparmor_restrict_unprivileged_userns=0 "
+        f"where they exist). To run model-written code behind audit hooks only, a box it can "
+        f"walk out of (docs/sandbox.md), set {WEAKER_BOX_SETTING}"
+    )
+
+
+@functools.cache
+def check_namespaces() -> None:
+    """Raise SandboxUnavailable unless the namespace box runs here (tried once per process)."""
+    run = run_python("print('ok')", SandboxLimits(wall_s=30))
+    if run.stdout != "ok\n":
+        raise SandboxUnavailable(
+            f"the python tool's namespace box did not run a test script ({run.error}); to run "
+            f"model-written code behind audit hooks only, set {WEAKER_BOX_SETTING}"
+        )
+
+
 def _run_child(home: str, limits: SandboxLimits, stdout, stderr) -> tuple[int, str | None]:
     """Run the child to its end or its wall time: its exit status, and why it was stopped."""
-    command = [sys.executable, "-I", "-B", str(CHILD), home, json.dumps(limits.child_limits())]
+    if limits.isolation == "namespaces":
+        command, env = _box_command(home, limits), _child_env(BOX_HOME)
+    else:
+        command = [sys.executable, "-I", "-B", str(CHILD), home, json.dumps(limits.child_limits())]
+        env = _child_env(home)
     child = subprocess.Popen(
         command,
         cwd=home,
-        env=_child_env(home),
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=stdout,
         stderr=stderr,
@@ -99,6 +161,55 @@ def _run_child(home: str, limits: SandboxLimits, stdout, stderr) -> tuple[int, s
     finally:  # on a timeout the code; otherwise anything it left running in its group
         _kill_group(child)
     return child.returncode, None
+
+
+def _box_command(home: str, limits: SandboxLimits) -> list[str]:
+    """The launcher's command line: what the box shows, and as whom the code runs."""
+    box_uid = _box_user()
+    if box_uid != os.getuid():  # the folder is the box user's, the only place it may write
+        os.chown(home, box_uid, box_uid)
+    binds, symlinks = interpreter_view()
+    spec = {
+        "child": str(CHILD),
+        "home": home,
+        "binds": binds,
+        "symlinks": symlinks,
+        "site_packages": [p for p in site.getsitepackages() if os.path.isdir(p)],
+        "box_uid": box_uid,
+        "limits": limits.child_limits(),
+    }
+    return [sys.executable, "-I", "-S", "-B", str(LAUNCHER), json.dumps(spec)]
+
+
+@functools.cache
+def _box_user() -> int:
+    """Whom the code runs as: nobody for root (the kernel exempts uid 0 from RLIMIT_NPROC),
+    where nobody exists in this user namespace; otherwise this process's own user."""
+    if os.getuid() != 0:
+        return os.getuid()
+    with open("/proc/self/uid_map") as uid_map:
+        ranges = [[int(n) for n in line.split()] for line in uid_map]
+    mapped = any(inside <= NOBODY < inside + count for inside, _, count in ranges)
+    return NOBODY if mapped else 0
+
+
+@functools.cache
+def interpreter_view() -> tuple[dict[str, str], dict[str, str]]:
+    """What the box shows of the host, read-only: {path in the box: folder on the host} for the
+    interpreter's prefixes and the system's library folders (outermost only), and
+    {path: symlink target} for those that are links (/lib -> usr/lib on a merged /usr)."""
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    binds, symlinks = {}, {}
+    for path in sorted(prefixes | set(SYSTEM_LIBRARIES), key=len):
+        if os.path.islink(path) and os.path.dirname(path) == "/":
+            symlinks[path] = os.readlink(path)
+        elif os.path.isdir(path) and not any(_within(path, outer) for outer in binds):
+            binds[path] = os.path.realpath(path)
+    return binds, symlinks
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def _kill_group(child: subprocess.Popen) -> None:

@@ -1,11 +1,14 @@
 """The sandboxed interpreter's first steps: run as a script (`python -I -B sandbox_child.py DIR
-LIMITS`) by `envs.sandbox`, never imported. Standard library only, since it runs isolated.
+LIMITS`) by `envs.sandbox` in the audit-hook box, and loaded by the namespace box's launcher
+(`envs/sandbox_namespaces.py`), whose worker calls `set_limits` and `run_script` the same way.
+Standard library only, since it runs isolated.
 
 It lowers its own resource limits, then installs an audit hook that refuses what model-written
 code has no business doing (network, processes, writing outside DIR, signals to others), then runs
 DIR/main.py as `__main__`. A refusal raises PermissionError, so the code sees an ordinary error and
-its traceback's last line tells the agent what was refused. See `envs.sandbox` for the threat
-model: this guards against mistakes, not against code that sets out to escape.
+its traceback's last line tells the agent what was refused. On its own (the audit-hook box) this
+guards against mistakes, not against code that sets out to escape; in the namespace box it is
+the second layer (see `envs.sandbox`).
 """
 
 import json
@@ -48,15 +51,19 @@ def limit(kind: int, value: int) -> None:
     resource.setrlimit(kind, (value, value))
 
 
-def set_limits(limits: dict) -> None:
+def set_limits(limits: dict, processes: int | None = None) -> None:
+    """`processes`: RLIMIT_NPROC, which counts the user's processes and threads (None: those
+    running now plus `max_processes`)."""
     limit(resource.RLIMIT_AS, limits["memory_mb"] * MIB)
     # The soft CPU limit sends SIGXCPU (which kills); the hard one a second later SIGKILL.
     resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
     limit(resource.RLIMIT_FSIZE, limits["max_file_mb"] * MIB)
     limit(resource.RLIMIT_CORE, 0)
-    # Not enforced for root; the audit hook is the guard there (see envs.sandbox).
+    limit(resource.RLIMIT_NOFILE, limits["max_open_files"])
+    # The kernel does not enforce it for real uid 0; the audit hook is the guard there (and the
+    # namespace box runs the code as another user for this reason).
     if os.getuid() != 0:
-        limit(resource.RLIMIT_NPROC, own_task_count() + limits["max_processes"])
+        limit(resource.RLIMIT_NPROC, processes or own_task_count() + limits["max_processes"])
     # An oversized write fails with an OSError the code can see, instead of killing it silently.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
@@ -94,15 +101,21 @@ def guard(home: str):
     return hook
 
 
-def main() -> None:
-    home, limits = os.path.realpath(sys.argv[1]), json.loads(sys.argv[2])
-    set_limits(limits)
+def run_script(home: str) -> int:
+    """Run HOME/main.py as `__main__` behind the audit hook; its exceptions propagate."""
     with open(os.path.join(home, "main.py")) as file:
         source = file.read()
     code = compile(source, "main.py", "exec")
     sys.argv = ["main.py"]
     sys.addaudithook(guard(home))
     exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+    return 0
+
+
+def main() -> None:
+    home, limits = os.path.realpath(sys.argv[1]), json.loads(sys.argv[2])
+    set_limits(limits)
+    run_script(home)
 
 
 if __name__ == "__main__":

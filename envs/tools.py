@@ -20,7 +20,7 @@ from typing import Any
 
 import jsonschema
 
-from envs.sandbox import SandboxLimits, run_python
+from envs.sandbox import SandboxLimits, check_namespaces, run_python
 
 ERROR = "Error:"
 
@@ -188,7 +188,10 @@ class SearchTool(Tool):
 
 
 class PythonTool(Tool):
-    """Runs code in a sandboxed subprocess (`envs.sandbox`); returns what it printed."""
+    """Runs code in a sandboxed subprocess (`envs.sandbox`); returns what it printed. With the
+    namespace box (the default), building the tool tries the box once and raises
+    `envs.sandbox.SandboxUnavailable` where the kernel refuses it: never a silent fallback to
+    the weaker audit-hook box, which only `limits.isolation="audit-hooks"` selects."""
 
     name = "python"
     description = (
@@ -206,6 +209,8 @@ class PythonTool(Tool):
         super().__init__(settings)
         # The sandbox's wall time is the tool's timeout: the process is killed, not abandoned.
         self.limits = replace(limits or SandboxLimits(), wall_s=settings.timeout_s)
+        if self.limits.isolation == "namespaces":
+            check_namespaces()
 
     def run(self, arguments: dict) -> str:
         result = run_python(arguments["code"], self.limits)

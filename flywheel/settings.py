@@ -115,6 +115,11 @@ class QASettings(Strict):
     max_tool_calls: int = Field(default=6, ge=1)  # per episode; later calls are refused
     search_k: int = Field(default=3, ge=1, le=20)  # documents per search
     tool_timeout_s: float = Field(default=10.0, gt=0)
+    # Where the python tool runs model-written code (envs/sandbox.py, docs/sandbox.md):
+    # "namespaces", a box of its own (user, mount, PID, network namespaces; refused with an
+    # error where the kernel does not allow them), or "audit-hooks", behind Python's audit hooks
+    # only, with the parent's user and view: a guard against mistakes that code can walk out of.
+    python_isolation: Literal["namespaces", "audit-hooks"] = "namespaces"
     max_output_chars: int = Field(default=2000, ge=100)
     answer_metric: Literal["f1", "em"] = "f1"
     answer_weight: float = Field(default=1.0, gt=0)
