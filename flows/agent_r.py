@@ -22,7 +22,7 @@ from prefect import flow
 from flywheel.records import Manifest
 from flywheel.settings import AgentRConfig
 from ops.driver import Recipe, RoundResult, RoundState, run_all_rounds, run_next_round
-from ops.runner import cli_main
+from ops.runner import cli_main, run_named
 from tasks.critique import CritiqueInputs, critique_stage
 from tasks.mcts import MCTSInputs, mcts_stage
 from tasks.mix_general import MixGeneralInputs, mix_general_stage
@@ -136,7 +136,7 @@ def round_note(round_no: int, trees, paths, critiques, revisions) -> str:
     )
 
 
-@flow(name="agent-r", log_prints=True)
+@flow(name="agent-r", log_prints=True, flow_run_name=run_named(AgentRConfig))
 def agent_r(
     config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
 ) -> list[dict]:
@@ -145,7 +145,7 @@ def agent_r(
     return run_all_rounds(AgentR, config, config_file, overrides)
 
 
-@flow(name="agent-r-campaign", log_prints=True)
+@flow(name="agent-r-campaign", log_prints=True, flow_run_name=run_named(AgentRConfig))
 def agent_r_campaign(
     config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
 ):

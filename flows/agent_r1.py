@@ -28,7 +28,7 @@ from agents.rollout import agent_prefix, few_shot_examples
 from flywheel.records import Manifest
 from flywheel.settings import AgentR1Config, round_slice
 from ops.driver import Recipe, RoundResult, RoundState, run_all_rounds, run_next_round
-from ops.runner import cli_main
+from ops.runner import cli_main, run_named
 from tasks.explore import ExploreInputs, sample_stage
 from tasks.rl import RLInputs, rl_stage
 
@@ -151,7 +151,7 @@ class AgentR1(Recipe):
         return "warm-start" if round_no == 0 else f"rl-round-{round_no}"
 
 
-@flow(name="agent-r1", log_prints=True)
+@flow(name="agent-r1", log_prints=True, flow_run_name=run_named(AgentR1Config))
 def agent_r1(
     config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
 ) -> list[dict]:
@@ -160,7 +160,7 @@ def agent_r1(
     return run_all_rounds(AgentR1, config, config_file, overrides)
 
 
-@flow(name="agent-r1-campaign", log_prints=True)
+@flow(name="agent-r1-campaign", log_prints=True, flow_run_name=run_named(AgentR1Config))
 def agent_r1_campaign(
     config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
 ):

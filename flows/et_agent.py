@@ -32,7 +32,7 @@ from flows.agent_r1 import AgentR1
 from flywheel.records import Manifest
 from flywheel.settings import ETAgentConfig
 from ops.driver import RoundResult, RoundState, run_all_rounds, run_next_round
-from ops.runner import cli_main
+from ops.runner import cli_main, run_named
 from tasks.behaviour_report import behaviour_report
 from tasks.calibrate import CalibrateInputs, calibrate_stage
 from tasks.evolve import EvolveInputs, flywheel_stage
@@ -109,7 +109,7 @@ class ETAgent(AgentR1):
         return table
 
 
-@flow(name="et-agent", log_prints=True)
+@flow(name="et-agent", log_prints=True, flow_run_name=run_named(ETAgentConfig))
 def et_agent(
     config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
 ) -> list[dict]:
@@ -118,7 +118,7 @@ def et_agent(
     return run_all_rounds(ETAgent, config, config_file, overrides)
 
 
-@flow(name="et-agent-campaign", log_prints=True)
+@flow(name="et-agent-campaign", log_prints=True, flow_run_name=run_named(ETAgentConfig))
 def et_agent_campaign(
     config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
 ):

@@ -18,7 +18,7 @@ from prefect import flow
 from agents.rollout import agent_prefix, few_shot_examples
 from flywheel.settings import ETOConfig
 from ops.driver import Recipe, RoundResult, RoundState, run_all_rounds, run_next_round
-from ops.runner import cli_main
+from ops.runner import cli_main, run_named
 from tasks.build_pairs import BuildPairsInputs, build_pairs_stage
 from tasks.dpo import DPOInputs, dpo_stage
 from tasks.explore import ExploreInputs, explore_stage, shard
@@ -83,7 +83,7 @@ class ETO(Recipe):
         return RoundResult(policy=policy.files["model"])
 
 
-@flow(name="eto", log_prints=True)
+@flow(name="eto", log_prints=True, flow_run_name=run_named(ETOConfig))
 def eto(
     config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
 ) -> list[dict]:
@@ -92,7 +92,7 @@ def eto(
     return run_all_rounds(ETO, config, config_file, overrides)
 
 
-@flow(name="eto-campaign", log_prints=True)
+@flow(name="eto-campaign", log_prints=True, flow_run_name=run_named(ETOConfig))
 def eto_campaign(
     config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
 ):

@@ -136,7 +136,9 @@ def stage_task(name: str):
             name=name,
             cache_policy=NO_CACHE,
             persist_result=False,
+            task_run_name=stage_run_name,
             on_failure=[record_failed_stage],
+            on_completion=[mark_failure_superseded],
         )
 
     return decorate
@@ -215,15 +217,18 @@ def log_child_run(tracker: Tracker, run_id: str, manifest: Manifest) -> None:
 
 def record_failed_stage(task, task_run, state) -> None:
     """Prefect on_failure hook: write `_FAILED.json` into the stage's folder (the error, the
-    input URLs, what the stage had written, the MLflow run) and show it as a Prefect artifact,
-    so a person can open a failed stage's inputs and partial outputs from the UI."""
+    input URLs, what the stage had written, the MLflow run), tag the stage's MLflow run with the
+    error, and show it all as a Prefect artifact, so a person can open a failed stage's inputs,
+    partial outputs and log from the UI."""
     from prefect.artifacts import create_markdown_artifact
 
     context = TaskRunContext.get()
     params = context.parameters if context else {}
     store_url, out_url, tracking = params.get("store_url"), params.get("out_url"), None
+    child_run = None
     if isinstance(out := params.get("out"), StageOutput):  # a `stage`: (inputs, out)
         store_url, out_url, tracking = out.store_url, out.url, out.tracking
+        child_run = child_run_name(task.name, out)
         params = fields_of(params)
     else:
         tracking = params.get("tracking")
@@ -241,11 +246,69 @@ def record_failed_stage(task, task_run, state) -> None:
         mlflow_run=tracking.tracker().run_url(tracking.parent_run_id) if tracking else None,
     )
     store.write_text(f"{out_url}/{FAILED}", record.model_dump_json(indent=2))
+    if tracking and child_run:
+        tag_failed_child(tracking, child_run, record.message)
     create_markdown_artifact(
         failure_markdown(record, out_url),
-        key=artifact_key(f"{store.top_folder(out_url)}-failed-{task.name}"),
-        description=f"{task.name} failed: {record.message[:200]}",
+        key=failure_artifact_key(store, out_url, task.name),
+        description=plain_markdown(f"{task.name} failed: {headline(record.message)}"),
     )
+
+
+def stage_run_name() -> str:
+    """A stage's task run name in Prefect's UI: the stage and its label (`dpo/round-1`), the
+    MLflow child run's name, rather than a random suffix."""
+    from prefect.runtime import task_run
+
+    out = task_run.parameters.get("out")
+    if isinstance(out, StageOutput):
+        return child_run_name(task_run.task_name, out)
+    return task_run.task_name or "stage"
+
+
+def child_run_name(name: str, out: StageOutput) -> str:
+    """`<stage>/<label>`: the stage's MLflow child run (see `start_child_run`)."""
+    return f"{name}/{out.label or out.url.rstrip('/').rsplit('/', 1)[-1]}"
+
+
+def tag_failed_child(tracking: TrackingRef, child_run: str, message: str) -> None:
+    """The failed stage's own MLflow run carries the error too, not only the flow's run."""
+    tracker = tracking.tracker()
+    if run_id := tracker.find_run(child_run, tracking.parent_run_id):
+        tracker.tag_error(run_id, message)
+
+
+def failure_artifact_key(store: ArtifactStore, out_url: str, stage_name: str) -> str:
+    return artifact_key(f"{store.top_folder(out_url)}-failed-{stage_name}")
+
+
+def mark_failure_superseded(task, task_run, state) -> None:
+    """Prefect on_completion hook: a stage that ran (not "Cached") after a failure of the same
+    stage folder publishes a new version of the failure's artifact saying the failure is
+    history, so the UI's latest version does not show a failure that a re-run fixed."""
+    from prefect.artifacts import Artifact, create_markdown_artifact
+
+    context = TaskRunContext.get()
+    out = (context.parameters if context else {}).get("out")
+    if state.name == "Cached" or not isinstance(out, StageOutput):
+        return
+    key = failure_artifact_key(ArtifactStore(out.store_url), out.url, task.name)
+    latest = Artifact.get(key)
+    record = f"`{out.url}/{FAILED}`"
+    if latest is None or record not in str(latest.data) or is_superseded(str(latest.data)):
+        return
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    create_markdown_artifact(
+        f"# Superseded: stage `{task.name}` re-run succeeded at {now}\n\n"
+        f"Task run `{task_run.name}` published `{out.url}`; the failure recorded before (the "
+        "previous version of this artifact) is history, and its record was removed.",
+        key=key,
+        description=plain_markdown(f"superseded: {task.name} re-run succeeded at {now}"),
+    )
+
+
+def is_superseded(markdown: str) -> bool:
+    return markdown.startswith("# Superseded")
 
 
 def failure_message(state) -> str:
@@ -257,6 +320,28 @@ def failure_message(state) -> str:
     if isinstance(error, BaseException):
         return f"{type(error).__name__}: {error}"
     return state.message or "failed"
+
+
+def headline(message: str, limit: int = 200) -> str:
+    """A message's first line, as every short view shows it (lists, descriptions, chips)."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    return first if len(first) <= limit else first[: limit - 1] + "…"
+
+
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]<>#|~!])")
+
+
+def plain_markdown(text: str) -> str:
+    """`text` as Markdown that renders as itself: `<frozen runpy>` stays visible (an HTML tag
+    otherwise), `__init__` stays unbolded."""
+    return MARKDOWN_SPECIAL.sub(r"\\\1", text)
+
+
+def fenced(text: str) -> list[str]:
+    """`text` in a code block whose fence no backtick run inside it can close."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, text, fence]
 
 
 def fields_of(params: dict) -> dict:
@@ -287,14 +372,17 @@ def url_inputs(params: dict) -> dict[str, str | list[str]]:
 
 
 def failure_markdown(record: FailedStage, out_url: str) -> str:
+    """The failure artifact: the cause as plain text first (the UI's preview shows the top), the
+    whole message in a code block, then the inputs, partial outputs (the log among them) and
+    links."""
     lines = [
         f"# Stage `{record.stage}` failed",
         "",
+        plain_markdown(headline(record.message)),
+        "",
         f"Task run `{record.task_run}` at {record.failed_at}:",
         "",
-        "```",
-        record.message.strip(),
-        "```",
+        *fenced(record.message.strip()),
         "",
         "## Inputs",
         *[

@@ -15,6 +15,9 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+ERROR_TAG = "flywheel.error"
+ERROR_TAG_CHARS = 5000  # MLflow keeps tag values up to 8000 characters
+
 
 class Tracker:
     def __init__(self, tracking_uri: str, experiment: str):
@@ -32,18 +35,25 @@ class Tracker:
 
     def start(self, name: str, parent_id: str | None = None, tags: dict | None = None) -> str:
         """Find the unfinished-or-finished run with this name under `parent_id`, or create it."""
-        filters = [f"tags.mlflow.runName = '{name}'"]
-        if parent_id:
-            filters.append(f"tags.mlflow.parentRunId = '{parent_id}'")
-        existing = self.client.search_runs(
-            [self.experiment_id], " and ".join(filters), max_results=1
-        )
-        if existing:
-            return existing[0].info.run_id
+        if existing := self.find_run(name, parent_id):
+            return existing
         all_tags = {"mlflow.runName": name, **(tags or {})}
         if parent_id:
             all_tags["mlflow.parentRunId"] = parent_id
         return self.client.create_run(self.experiment_id, tags=all_tags).info.run_id
+
+    def find_run(self, name: str, parent_id: str | None = None) -> str | None:
+        """The id of the run named `name` (under `parent_id`), or None."""
+        filters = [f"tags.mlflow.runName = '{name}'"]
+        if parent_id:
+            filters.append(f"tags.mlflow.parentRunId = '{parent_id}'")
+        found = self.client.search_runs([self.experiment_id], " and ".join(filters), max_results=1)
+        return found[0].info.run_id if found else None
+
+    def tag_error(self, run_id: str, message: str) -> None:
+        """Why the run failed, as the tag MLflow shows as a chip (`flywheel.error`): the message
+        leads with its cause (see `training.launch.trainer_failure`)."""
+        self.client.set_tag(run_id, ERROR_TAG, message[:ERROR_TAG_CHARS])
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
         for key, value in metrics.items():

@@ -12,7 +12,14 @@ from prefect import flow
 
 from flywheel.records import FailedStage
 from flywheel.settings import ConfigError
-from flywheel.stage import TrackingRef, artifact_key
+from flywheel.stage import (
+    TrackingRef,
+    artifact_key,
+    fenced,
+    headline,
+    is_superseded,
+    plain_markdown,
+)
 from flywheel.storage import FAILED, ArtifactStore
 from flywheel.tracking import Tracker, end_open_children, end_status
 from flywheel.watchdog import watchdog
@@ -287,11 +294,13 @@ def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None, locked: b
     started = datetime.now(UTC).isoformat(timespec="seconds")
     stages = stages_flow.with_options(
         name=f"{flow_run.get_flow_name() or 'recipe'}-stages",
+        flow_run_name=f"{cfg.run_name}-stages",
         task_runner=make_task_runner(cfg),
     )
     try:
         result = stages(body, cfg, store.root, tracking, list(extra))
         tracking.tracker().finish(run_id)
+        mark_run_failure_superseded(cfg)
     except BaseException as error:
         try:
             report_failed_run(cfg, store, tracking, started, error)
@@ -308,7 +317,8 @@ def report_failed_run(cfg, store: ArtifactStore, tracking: TrackingRef, started:
 
     tracker = tracking.tracker()
     status = end_status(error)  # KILLED for a run told to stop
-    tracker.client.set_tag(tracking.parent_run_id, "flywheel.error", str(error)[:5000])
+    message = f"{type(error).__name__}: {error}".strip()
+    tracker.tag_error(tracking.parent_run_id, message)
     end_open_children(tracker.client, tracking.parent_run_id, status)
     tracker.finish(tracking.parent_run_id, status)
     run_url = store.url(cfg.run_name)
@@ -321,15 +331,12 @@ def report_failed_run(cfg, store: ArtifactStore, tracking: TrackingRef, started:
     lines = [
         f"# Run `{cfg.run_name}` failed",
         "",
-        "```",
-        f"{type(error).__name__}: {error}".strip(),
-        "```",
+        plain_markdown(headline(message)),
+        "",
+        *fenced(message),
         "",
         "## Failed stages",
-        *(
-            [f"- `{r.stage}`: {r.message.splitlines()[0][:200]} (`{url}`)" for r, url in failed]
-            or ["- (none recorded: the failure came before or between stages)"]
-        ),
+        *([failed_stage_line(r, url) for r, url in failed] or [NO_FAILED_STAGE]),
         "",
         f"- Artifacts: `{run_url}`",
         f"- MLflow run: {tracker.run_url(tracking.parent_run_id)}",
@@ -337,8 +344,59 @@ def report_failed_run(cfg, store: ArtifactStore, tracking: TrackingRef, started:
     create_markdown_artifact(
         "\n".join(lines),
         key=artifact_key(f"{cfg.run_name}-failed"),
-        description=f"{cfg.run_name} failed: {str(error)[:200]}",
+        description=plain_markdown(f"{cfg.run_name} failed: {headline(message)}"),
     )
+
+
+NO_FAILED_STAGE = "- (none recorded: the failure came before or between stages)"
+
+
+def failed_stage_line(record: FailedStage, url: str) -> str:
+    """`dpo`: the cause (plain text), where the record and the stage's log are."""
+    logs = [u for u in record.partial_outputs if u.endswith(".log")]
+    where = f"record `{url}`" + "".join(f", log `{log}`" for log in logs)
+    return f"- `{record.stage}`: {plain_markdown(headline(record.message))} ({where})"
+
+
+def mark_run_failure_superseded(cfg) -> None:
+    """A run that succeeds after a failed one: its failure artifact gets a new version saying
+    so, so that the UI's latest version of `<run>-failed` is not a failure already fixed."""
+    from prefect.artifacts import Artifact, create_markdown_artifact
+    from prefect.context import FlowRunContext
+
+    if FlowRunContext.get() is None:  # no Prefect run to publish into
+        return
+    key = artifact_key(f"{cfg.run_name}-failed")
+    latest = Artifact.get(key)
+    if latest is None or is_superseded(str(latest.data)):
+        return
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    create_markdown_artifact(
+        f"# Superseded: run `{cfg.run_name}` re-run succeeded at {now}\n\nThe failure recorded "
+        "before (the previous version of this artifact) is history.",
+        key=key,
+        description=plain_markdown(f"superseded: {cfg.run_name} re-run succeeded at {now}"),
+    )
+
+
+def run_named(config_class):
+    """A recipe flow's `flow_run_name`: its runs are named after the run they are (`eto-tiny`,
+    the config's run_name), read from their parameters, rather than Prefect's random names."""
+
+    def flow_run_name() -> str:
+        from prefect.runtime import flow_run
+
+        params = flow_run.parameters
+        try:
+            config = recipe_config(
+                config_class, params.get("config"), params.get("config_file"),
+                params.get("overrides"),
+            )  # fmt: skip
+        except (ConfigError, OSError):  # the flow's own preflight says what is wrong
+            return config_class.model_fields["run_name"].default
+        return config.run_name
+
+    return flow_run_name
 
 
 def recipe_config(config_class, config: dict | None, config_file: str | None, overrides):
