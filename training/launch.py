@@ -97,7 +97,10 @@ LOCAL_PATH = re.compile(r"(?<![\w:/])(/[^\s:'\"/]+)+/(?=[^\s/])")
 FIXES = [
     (re.compile(r"max_length=\d+"), "raise {section}.max_length"),
     (re.compile(r"frozen_layers=\d+"), "lower {section}.frozen_layers"),
-    (re.compile(r"out of memory|OutOfMemoryError", re.I), "lower {section}.batch_size or .max_length"),
+    (
+        re.compile(r"out of memory|OutOfMemoryError", re.I),
+        "lower {section}.batch_size or .max_length",
+    ),
 ]
 SECTIONS = {
     "training.dpo": "dpo",
