@@ -7,7 +7,7 @@ trainer learns from: assistant turns by default, none of the observations.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
@@ -133,7 +133,15 @@ class Manifest(BaseModel):
     inputs_digest: str = ""  # settings + upstream content + code version
     upstream: dict[str, str] = Field(default_factory=dict)  # input URL -> its content digest
     checksums: dict[str, FileDigest] = Field(default_factory=dict)  # file (relative to url)
-    code_version: str = ""
+    code_version: str = ""  # one digest of `code` and `libraries`
+    # The stage's code (flywheel.code_version): each module of its import closure (and data file)
+    # -> the digest of its syntax tree; and the library versions. `flywheel status` names what
+    # changed from these. A manifest without them predates per-stage code versions.
+    code: dict[str, str] = Field(default_factory=dict)
+    libraries: dict[str, str] = Field(default_factory=dict)
+    # What the key was computed from: the stage's name and inputs as JSON (artifact URLs as
+    # URLs; their content is in `upstream`), so a changed setting can be named.
+    key_inputs: dict[str, Any] = Field(default_factory=dict)
     published_at: str = ""
     # Set when a run found this stage finished for its key, instead of computing it.
     _served_from_store: bool = PrivateAttr(default=False)

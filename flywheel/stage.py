@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 
 from prefect import Task
@@ -26,6 +28,7 @@ from prefect.context import TaskRunContext
 from prefect.states import Completed, State
 from pydantic import BaseModel, Field
 
+from flywheel.code_version import StageCode, is_project_module, module_path, stage_code
 from flywheel.records import FailedStage, Manifest
 from flywheel.settings import EnvSettings
 from flywheel.storage import FAILED, ArtifactStore
@@ -106,15 +109,50 @@ def publish_markdown(markdown: str, key: str, description: str) -> None:
         create_markdown_artifact(markdown, key=artifact_key(key), description=description)
 
 
+# A planner (`ops.status`): while one is set, a stage runs nothing, in Prefect or out: it hands
+# its name, keyed inputs, code and output to the planner, which answers with a manifest.
+Planner = Callable[[str, dict, StageCode, "StageOutput"], Manifest]
+PLANNER: ContextVar[Planner | None] = ContextVar("flywheel_planner", default=None)
+
+
+@contextmanager
+def planning(planner: Planner) -> Iterator[None]:
+    """Stages called inside are answered by `planner` (a dry run of a recipe), not run."""
+    token = PLANNER.set(planner)
+    try:
+        yield
+    finally:
+        PLANNER.reset(token)
+
+
+class PlannedResults(list):
+    """What `.map` gives while planning: the results, with a Prefect future list's `result()`."""
+
+    def result(self) -> list:
+        return list(self)
+
+
 class StageTask(Task):
     """A Prefect task whose function may end it in a state of its own ("Cached"); a direct call
-    still returns the value, as for any task (Prefect would hand back the state itself)."""
+    still returns the value, as for any task (Prefect would hand back the state itself). While
+    planning, calls and maps go straight to the function: no Prefect run, no API."""
 
     def __call__(self, *args, return_state: bool = False, wait_for=None, **kwargs):
+        if PLANNER.get() is not None:
+            return self.fn(*args, **kwargs)
         result = super().__call__(*args, return_state=return_state, wait_for=wait_for, **kwargs)
         if not return_state and isinstance(result, State):
             return result.result()
         return result
+
+    def map(self, *args, **kwargs):
+        if PLANNER.get() is None:
+            return super().map(*args, **kwargs)
+        n = len(args)  # one call per row of the mapped lists, as Prefect's map
+        rows = zip(*args, *kwargs.values(), strict=True)
+        return PlannedResults(
+            self.fn(*r[:n], **dict(zip(kwargs, r[n:], strict=True))) for r in rows
+        )
 
 
 def stage_task(name: str):
@@ -146,8 +184,9 @@ def stage_task(name: str):
 
 def cache_inputs(name: str, inputs: BaseModel) -> dict:
     """What a stage's result is keyed on (with the content of every artifact URL among them and
-    the code version, `ArtifactStore.stage_key`): its name and every field of its inputs. An
-    environment enters as its identity: the servers an episode runs on do not change it."""
+    the stage's code version, `ArtifactStore.stage_key`): its name and every field of its
+    inputs. An environment enters as its identity: the servers an episode runs on do not change
+    it."""
     keyed = {"stage": name}
     for field in type(inputs).model_fields:
         value = getattr(inputs, field)
@@ -155,23 +194,35 @@ def cache_inputs(name: str, inputs: BaseModel) -> dict:
     return keyed
 
 
-def stage(name: str):
+def stage(name: str, launches: tuple[str, ...] = ()):
     """A cached, tracked stage from `body(inputs, run) -> StageResult`.
 
     Called as `stage_fn(inputs, out)`: a manifest published for the same key at `out.url` is
     returned as it is (a "Cached" state in Prefect); otherwise the body runs and its result is
     published. With `out.tracking`, a child MLflow run `<name>/<out.label>` holds the stage's
     counts and metrics (a trainer logs into it while the body runs) and ends FAILED or KILLED
-    with the body."""
+    with the body.
+
+    The key holds the stage's code: the import closure of the body's module and of `launches`,
+    the project modules the body runs as processes of their own (`python -m training.sft`),
+    which no import reaches (`flywheel.code_version`)."""
+    for module in launches:
+        if not (is_project_module(module) and module_path(module)):
+            raise ValueError(f"stage {name!r} launches {module!r}, which is no project module")
 
     def decorate(body: Callable[[BaseModel, StageRun], StageResult]):
+        code_roots = (body.__module__, *launches)
+
         def run_stage(inputs: BaseModel, out: StageOutput) -> Manifest:
+            keyed, code = cache_inputs(name, inputs), stage_code(code_roots)
+            if (planner := PLANNER.get()) is not None:
+                return planner(name, keyed, code, out)
             store = ArtifactStore(out.store_url)
-            keyed = cache_inputs(name, inputs)
             tracker = out.tracking.tracker() if out.tracking else None
             run_id = start_child_run(tracker, name, out) if tracker else None
-            if (done := store.manifest(out.url, keyed)) is None:
-                done = run_body(body, inputs, StageRun(name, out, tracker, run_id), keyed)
+            if (done := store.manifest(out.url, keyed, code)) is None:
+                run = StageRun(name, out, tracker, run_id)
+                done = run_body(body, inputs, run, keyed, code)
             if run_id:
                 log_child_run(tracker, run_id, done)
             return done
@@ -181,20 +232,22 @@ def stage(name: str):
         for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
             setattr(run_stage, attribute, getattr(body, attribute))
         task = stage_task(name)(run_stage)
-        task.body = body
+        task.body, task.code_roots = body, code_roots
         return task
 
     return decorate
 
 
-def run_body(body, inputs: BaseModel, run: StageRun, keyed: dict) -> Manifest:
-    """Run the stage's body and publish its result under `keyed`; a failure ends the stage's
-    MLflow run FAILED (KILLED when told to stop), never FINISHED."""
+def run_body(
+    body, inputs: BaseModel, run: StageRun, keyed: dict, code: StageCode | None = None
+) -> Manifest:
+    """Run the stage's body and publish its result under `keyed` and `code`; a failure ends the
+    stage's MLflow run FAILED (KILLED when told to stop), never FINISHED."""
     try:
-        run.key = run.store.stage_key(keyed)[0]  # as `publish` keys it
+        run.key = run.store.stage_key(keyed, code)[0]  # as `publish` keys it
         result = body(inputs, run)
         manifest = Manifest(stage=run.name, url=run.url, **result.model_dump())
-        return run.store.publish(manifest, keyed)
+        return run.store.publish(manifest, keyed, code)
     except BaseException as error:
         if run.run_id:
             run.tracker.finish(run.run_id, end_status(error))

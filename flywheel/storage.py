@@ -6,8 +6,9 @@ manifest is an unfinished stage, whatever else it holds, and is redone.
 A manifest is also the stage's cache entry. It records the size and sha256 of every file the stage
 published and the key it was computed for: the stage's settings, the content digests of the
 artifacts it read (never only their URLs: a redone stage keeps its URL) and the version of the
-code (`code_version`). A manifest for another key, or whose files no longer match, is removed and
-the stage redone. Reads verify what they read against the manifest that covers it, and local
+code the stage runs (`flywheel.code_version`: its import closure's syntax trees and the library
+versions). A manifest for another key, or whose files no longer match, is removed and the stage
+redone. Reads verify what they read against the manifest that covers it, and local
 copies of remote artifacts are keyed on that content, so nothing stale or damaged is used.
 """
 
@@ -25,7 +26,7 @@ from typing import TypeVar
 import fsspec
 from pydantic import BaseModel, ValidationError
 
-from flywheel.code_version import code_version
+from flywheel.code_version import StageCode
 from flywheel.records import FileDigest, Manifest
 
 MANIFEST = "_MANIFEST.json"
@@ -166,9 +167,15 @@ class ArtifactStore:
 
     # Stages: manifests are the cache -------------------------------------------------------
 
-    def stage_key(self, inputs: dict) -> tuple[str, dict[str, str]]:
+    def stage_key(self, inputs: dict, code: StageCode | None = None) -> tuple[str, dict[str, str]]:
         """The key a stage's result is cached under, and the content digest of every artifact
-        URL among `inputs` (its upstream). Settings enter as their JSON."""
+        URL among `inputs` (its upstream). Settings enter as their JSON, the stage's code as its
+        version (`flywheel.code_version`; None: a caller outside a stage keys on inputs only)."""
+        resolved, upstream = self.resolve_inputs(inputs)
+        return key_of(resolved, upstream, code), upstream
+
+    def resolve_inputs(self, inputs: dict) -> tuple[dict, dict[str, str]]:
+        """`inputs` as JSON, and the content digest of every artifact URL among them."""
         upstream: dict[str, str] = {}
 
         def resolve(value):
@@ -182,23 +189,24 @@ class ArtifactStore:
                 upstream[value] = self.content_digest(value)
             return value
 
-        resolved = resolve(inputs)
-        text = json.dumps([resolved, upstream, code_version()], sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16], upstream
+        return resolve(inputs), upstream
 
     def is_artifact_url(self, value: str) -> bool:
         return value.startswith((self.root + "/", "file://"))
 
-    def manifest(self, stage_url: str, inputs: dict | None = None) -> Manifest | None:
+    def manifest(
+        self, stage_url: str, inputs: dict | None = None, code: StageCode | None = None
+    ) -> Manifest | None:
         """The finished stage's manifest, or None if the stage has to be (re)done.
 
-        With `inputs`, a manifest published for another key (a changed setting, input or code)
-        is removed and None returned, so the stage is redone rather than silently reused; so is
-        one whose files no longer match it (the message names the file)."""
+        With `inputs` (and the stage's `code`), a manifest published for another key (a changed
+        setting, input or code) is removed and None returned, so the stage is redone rather than
+        silently reused; so is one whose files no longer match it (the message names the
+        file)."""
         found = self.read_manifest(stage_url)
         if found is None or inputs is None:
             return found
-        if found.inputs_digest != self.stage_key(inputs)[0]:
+        if found.inputs_digest != self.stage_key(inputs, code)[0]:
             self.remove(f"{stage_url}/{MANIFEST}")
             return None
         if problems := self.check_files(found):
@@ -221,16 +229,23 @@ class ArtifactStore:
             self.remove(url)
             return None
 
-    def publish(self, manifest: Manifest, inputs: dict | None = None) -> Manifest:
+    def publish(
+        self, manifest: Manifest, inputs: dict | None = None, code: StageCode | None = None
+    ) -> Manifest:
         """Mark a stage finished: called after every file of the stage is written. Records the
-        key it was computed for, what it read, and the size and sha256 of each of its files."""
+        key it was computed for and what it was computed from (settings, what it read, each
+        module of its code), and the size and sha256 of each of its files."""
         update: dict = {
             "checksums": self.file_digests(manifest),
-            "code_version": code_version(),
             "published_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
+        if code is not None:
+            update |= {"code_version": code.version, "code": code.modules}
+            update["libraries"] = code.libraries
         if inputs is not None:
-            update["inputs_digest"], update["upstream"] = self.stage_key(inputs)
+            resolved, upstream = self.resolve_inputs(inputs)
+            update["inputs_digest"] = key_of(resolved, upstream, code)
+            update |= {"upstream": upstream, "key_inputs": resolved}
         manifest = manifest.model_copy(update=update)
         self.write_text(f"{manifest.url}/{MANIFEST}", manifest.model_dump_json(indent=2))
         self.remove(f"{manifest.url}/{FAILED}")  # an earlier attempt's failure is history now
@@ -387,6 +402,12 @@ class ArtifactStore:
         finally:
             part.unlink(missing_ok=True)
         return target, digest
+
+
+def key_of(resolved: dict, upstream: dict[str, str], code: StageCode | None) -> str:
+    """A stage's cache key from its inputs as JSON, their content and its code."""
+    text = json.dumps([resolved, upstream, code.version if code else ""], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def link_or_copy(source: Path, target: Path) -> None:

@@ -19,6 +19,7 @@ FLOWS = Path(__file__).resolve().parent.parent / "flows"
 TOOLS = {
     "serve-env": ("envs.serve", "serve an environment over AgentGym's HTTP protocol"),
     "services": ("ops.services", "start Prefect's server (UI) and MLflow's server locally"),
+    "status": ("ops.status", "each stage of a run: cached, would re-run (why) or never run"),
 }
 
 

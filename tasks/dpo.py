@@ -34,7 +34,7 @@ class DPOInputs(BaseModel):
     seed: int
 
 
-@stage("dpo")
+@stage("dpo", launches=("training.dpo",))
 def dpo_stage(inputs: DPOInputs, run: StageRun) -> StageResult:
     """The DPO'd policy in `model/`, trl's log in `train.log`, its last metrics."""
     trl_args = dpo_trl_args(inputs.settings, inputs.seed)

@@ -25,7 +25,7 @@ class RLInputs(BaseModel):
     seed: int
 
 
-@stage("rl")
+@stage("rl", launches=("training.rl",))
 def rl_stage(inputs: RLInputs, run: StageRun) -> StageResult:
     """The updated policy in `model/`, the trainer's log in `train.log`, its last metrics."""
     checkpoint = checkpoint_plan(run, inputs.settings.checkpoint_every_steps)

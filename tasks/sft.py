@@ -31,7 +31,7 @@ class SFTInputs(BaseModel):
     seed: int
 
 
-@stage("sft")
+@stage("sft", launches=("training.sft",))
 def sft_stage(inputs: SFTInputs, run: StageRun) -> StageResult:
     """The fine-tuned model in `model/`, trl's log in `train.log`, its last metrics."""
     trl_args = sft_trl_args(inputs.settings, inputs.seed)

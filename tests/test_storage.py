@@ -117,9 +117,11 @@ def test_a_stage_is_served_from_its_manifest_as_cached_until_its_folder_is_delet
     assert write_stage.fn(store.root, store.url("run", "stage")).served_from_store
 
 
-def publish_file(store: ArtifactStore, stage_url: str, name: str, text: str, inputs=None):
+def publish_file(
+    store: ArtifactStore, stage_url: str, name: str, text: str, inputs=None, code=None
+):
     store.write_text(f"{stage_url}/{name}", text)
-    return store.publish(Manifest(stage=stage_url.rsplit("/", 1)[-1], url=stage_url), inputs)
+    return store.publish(Manifest(stage=stage_url.rsplit("/", 1)[-1], url=stage_url), inputs, code)
 
 
 def test_a_stage_is_keyed_on_the_content_it_read_not_the_url(tmp_path):
@@ -140,44 +142,16 @@ def test_a_stage_is_keyed_on_the_content_it_read_not_the_url(tmp_path):
     assert store.manifest(downstream, inputs) is not None
 
 
-def test_a_change_to_the_code_redoes_every_stage(tmp_path, monkeypatch):
-    import flywheel.storage
+def test_a_change_to_the_stage_code_redoes_the_stage(tmp_path):
+    from flywheel.code_version import StageCode
 
     store = ArtifactStore(str(tmp_path))
     stage = store.url("run", "pairs")
-    publish_file(store, stage, "pairs.jsonl", "", {"extra_turns": 5})
-    assert store.manifest(stage, {"extra_turns": 5}) is not None
-    monkeypatch.setattr(flywheel.storage, "code_version", lambda: "another version")
-    assert store.manifest(stage, {"extra_turns": 5}) is None
-
-
-def test_code_version_covers_every_stage_module_and_library_versions(tmp_path, monkeypatch):
-    from flywheel import code_version as module
-
-    stage_packages = ["flywheel", "envs", "training", "agents", "tasks"]  # what stages run
-    for package in stage_packages:
-        (tmp_path / package / "sub").mkdir(parents=True)
-        (tmp_path / package / "sub" / "stage.py").write_text("x = 1\n")
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "eto.py").write_text("x = 1\n")
-    monkeypatch.setattr(module, "PROJECT_ROOT", tmp_path)
-
-    def version() -> str:
-        module.code_version.cache_clear()
-        return module.code_version()
-
-    first = version()
-    try:
-        (tmp_path / "flows" / "eto.py").write_text("x = 2\n")  # flows only call stages
-        assert version() == first
-        for package in stage_packages:
-            (tmp_path / package / "sub" / "stage.py").write_text("x = 2\n")
-            assert version() != first, package
-            (tmp_path / package / "sub" / "stage.py").write_text("x = 1\n")
-        monkeypatch.setattr(module, "_library_version", lambda name: "0.0.0")
-        assert version() != first
-    finally:
-        module.code_version.cache_clear()
+    code = StageCode({"tasks.build_pairs": "a1"}, {"trl": "1.0"})
+    publish_file(store, stage, "pairs.jsonl", "", {"extra_turns": 5}, code)
+    assert store.manifest(stage, {"extra_turns": 5}, code) is not None
+    edited = StageCode({"tasks.build_pairs": "b2"}, {"trl": "1.0"})
+    assert store.manifest(stage, {"extra_turns": 5}, edited) is None
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 import flywheel.storage as storage
+from flywheel.code_version import StageCode
 from flywheel.records import FileDigest, Manifest, Message
 from flywheel.storage import (
     ArtifactStore,
@@ -137,8 +138,10 @@ class Dated(BaseModel):
     at: datetime
 
 
-def test_a_stage_key_resolves_settings_and_digests_every_artifact_it_names(tmp_path, monkeypatch):
-    monkeypatch.setattr(storage, "code_version", lambda: "v1")
+def test_a_stage_key_resolves_settings_and_digests_every_artifact_it_names(tmp_path):
+    code = StageCode({"tasks.sft": "d1"}, {"trl": "1.0"})
+    v1 = code.version
+    assert v1 == sha(json.dumps([[["tasks.sft", "d1"]], [["trl", "1.0"]]]).encode())[:16]
     store = ArtifactStore(str(tmp_path))
     model = store.url("run", "sft", "model")
     store.write_text(f"{model}/w.bin", "weights")
@@ -148,7 +151,7 @@ def test_a_stage_key_resolves_settings_and_digests_every_artifact_it_names(tmp_p
         "model": model, "n": 3, "settings": Message(role="user", content="c"),
         "tasks": ("a", model), 7: "seven",
     }  # fmt: skip
-    key, upstream = store.stage_key(inputs)
+    key, upstream = store.stage_key(inputs, code)
     assert upstream == {model: digest}
     resolved = {
         "model": model, "n": 3,
@@ -156,15 +159,18 @@ def test_a_stage_key_resolves_settings_and_digests_every_artifact_it_names(tmp_p
                      "end_generated": True, "logprobs": None, "reward": None},
         "tasks": ["a", model], "7": "seven",
     }  # fmt: skip
-    text = json.dumps([resolved, upstream, "v1"], sort_keys=True)
+    text = json.dumps([resolved, upstream, v1], sort_keys=True)
     assert key == sha(text.encode())[:16]
+    # Outside a stage (no code), the key holds the inputs alone.
+    no_code = json.dumps([resolved, upstream, ""], sort_keys=True)
+    assert store.stage_key(inputs) == (sha(no_code.encode())[:16], upstream)
     # Settings holding a path or a date enter as their JSON, as `model_dump(mode="json")` has them.
     dated = Dated(folder=Path("/data/x"), at=datetime(2026, 11, 25, tzinfo=UTC))
     as_json = {"s": {"folder": "/data/x", "at": "2026-11-25T00:00:00Z"}}
-    expected = sha(json.dumps([as_json, {}, "v1"], sort_keys=True).encode())[:16]
-    assert store.stage_key({"s": dated}) == (expected, {})
-    assert store.stage_key({"url": "s3://elsewhere/x"}) == (
-        sha(json.dumps([{"url": "s3://elsewhere/x"}, {}, "v1"], sort_keys=True).encode())[:16],
+    expected = sha(json.dumps([as_json, {}, v1], sort_keys=True).encode())[:16]
+    assert store.stage_key({"s": dated}, code) == (expected, {})
+    assert store.stage_key({"url": "s3://elsewhere/x"}, code) == (
+        sha(json.dumps([{"url": "s3://elsewhere/x"}, {}, v1], sort_keys=True).encode())[:16],
         {},
     )
 
@@ -194,8 +200,7 @@ def test_content_digests_come_from_the_covering_manifest_or_the_files(tmp_path):
     assert store.content_digest(f"{stage}/model/none") == "absent"
 
 
-def test_publishing_records_every_file_the_stage_wrote_or_named(tmp_path, monkeypatch):
-    monkeypatch.setattr(storage, "code_version", lambda: "v9")
+def test_publishing_records_every_file_the_stage_wrote_or_named(tmp_path):
     store = ArtifactStore(str(tmp_path))
     stage = store.url("run", "train")
     outside = store.url("models", "m")
@@ -208,16 +213,21 @@ def test_publishing_records_every_file_the_stage_wrote_or_named(tmp_path, monkey
         "data.txt": FileDigest(size=1, sha256=sha(b"D")),
         f"{outside}/w.bin": FileDigest(size=1, sha256=sha(b"W")),
     }
-    assert manifest.code_version == "v9" and manifest.inputs_digest == ""
+    assert manifest.code_version == manifest.inputs_digest == "" and manifest.code == {}
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", manifest.published_at)
     assert not store.exists(f"{stage}/_FAILED.json")
     stored = json.loads((tmp_path / "run" / "train" / "_MANIFEST.json").read_text())
     assert stored == json.loads(manifest.model_dump_json())
     assert (tmp_path / "run" / "train" / "_MANIFEST.json").read_text().startswith('{\n  "stage"')
     assert store.manifest(stage) == manifest and not store.manifest(stage).served_from_store
-    keyed = store.publish(Manifest(stage="train", url=stage), {"n": 1})
-    assert (keyed.inputs_digest, keyed.upstream) == store.stage_key({"n": 1})
-    assert store.manifest(stage, {"n": 1}).served_from_store
+    code = StageCode({"tasks.train": "d1", "configs/a.yaml": "d2"}, {"trl": "1.0"})
+    inputs = {"n": 1, "data": f"{stage}/data.txt"}
+    keyed = store.publish(Manifest(stage="train", url=stage), inputs, code)
+    assert (keyed.inputs_digest, keyed.upstream) == store.stage_key(inputs, code)
+    # What the key was computed from, so `flywheel status` can name what changed.
+    assert keyed.key_inputs == inputs and keyed.code_version == code.version
+    assert (keyed.code, keyed.libraries) == (code.modules, code.libraries)
+    assert store.manifest(stage, inputs, code).served_from_store
 
 
 def test_what_no_longer_matches_a_manifest_is_named(tmp_path, capsys):
