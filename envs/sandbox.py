@@ -157,9 +157,12 @@ def _run_child(home: str, limits: SandboxLimits, stdout, stderr) -> tuple[int, s
     try:
         child.wait(timeout=limits.wall_s)
     except subprocess.TimeoutExpired:
-        return -signal.SIGKILL, f"timed out after {limits.wall_s:g} s (wall-time limit)"
-    finally:  # on a timeout the code; otherwise anything it left running in its group
         _kill_group(child)
+        # The killed processes the launcher started are no longer its to reap: wait until the
+        # kernel has ended them, so that a timed-out run too leaves nothing behind.
+        _await_group_end(child.pid)
+        return -signal.SIGKILL, f"timed out after {limits.wall_s:g} s (wall-time limit)"
+    _kill_group(child)  # anything the code left running in its group
     return child.returncode, None
 
 
@@ -216,6 +219,25 @@ def _kill_group(child: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):  # the group is gone already
         os.killpg(child.pid, signal.SIGKILL)
     child.wait()
+
+
+def _await_group_end(group: int, deadline_s: float = 5.0) -> None:
+    """Return once no process of `group` is alive (zombies aside), or after `deadline_s`."""
+    ends = time.monotonic() + deadline_s
+    while _live_members(group) and time.monotonic() < ends:
+        time.sleep(0.005)
+
+
+def _live_members(group: int) -> list[int]:
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (command)"
+        except (OSError, IndexError):  # ended meanwhile
+            continue
+        if int(fields[2]) == group and fields[0] not in ("Z", "X"):  # state, ppid, pgrp
+            members.append(int(stat.parent.name))
+    return members
 
 
 def _child_env(home: str) -> dict[str, str]:

@@ -4,13 +4,15 @@
 Three processes, so that the code never runs as a namespace's init (which the kernel shields
 from its own SIGXCPU) and the parent still sees how the code ended:
 
-- the launcher (this process, in the host's namespaces) clones the mounts of the folders the box
-  will show (open_tree: detached, read-only but for the run's folder), becomes the box's user (nobody when started as root: the kernel exempts real uid 0 from
-  RLIMIT_NPROC), enters new user, mount, PID, network, IPC, UTS and cgroup namespaces, and waits;
-- the box's init (PID 1 there) builds the box's root: a tmpfs holding read-only binds of the
-  interpreter's files, the run's folder read-write at /sandbox, four device nodes and a /proc of
-  the new PID namespace; it pivots into it, drops every capability, then forks the worker and
-  relays the worker's end to the launcher, which ends the same way;
+- the launcher (this process, in the host's namespaces) clones the mounts of the folders the
+  box will show (open_tree: detached copies, read-only but for the run's folder), becomes the
+  box's user (nobody when started as root: the kernel exempts real uid 0 from RLIMIT_NPROC),
+  enters new user, mount, PID, network, IPC, UTS and cgroup namespaces, and waits;
+- the box's init (PID 1 there) builds the box's root: a tmpfs holding those trees (the
+  interpreter's files read-only, the run's folder read-write at /sandbox), five device nodes
+  (null, zero, full, random, urandom) and a /proc of the new PID namespace; it pivots into it,
+  drops every capability, then forks the worker and relays the worker's end to the launcher,
+  which ends the same way;
 - the worker lowers its limits (RLIMIT_NPROC included), closes every inherited descriptor,
   installs `sandbox_child`'s audit hooks as a second layer and runs /sandbox/main.py.
 

@@ -151,19 +151,26 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
-@pytest.fixture
-def sandbox_root(tmp_path):
-    """Where the runs' directories go; after each test, no process of a run and no directory
-    is left."""
+ISOLATION_OF: dict[Path, str] = {}  # the box each test's sandbox_root stands for
+
+
+@pytest.fixture(params=["namespaces", "audit-hooks"])
+def sandbox_root(tmp_path, request):
+    """Where the runs' directories go, for each box (`SandboxLimits.isolation`: the limits and
+    the audit hooks hold in both); after each test, no process of a run and no directory is
+    left."""
     root = tmp_path / "sandboxes"
     root.mkdir()
+    ISOLATION_OF[root] = request.param
     yield root
+    del ISOLATION_OF[root]
     assert processes_mentioning(str(root)) == []
     assert list(root.iterdir()) == []
 
 
 def python_tool(root: Path, timeout_s: float = 5.0, **limits) -> PythonTool:
-    return PythonTool(ToolSettings(timeout_s=timeout_s), SandboxLimits(root=str(root), **limits))
+    limits = SandboxLimits(root=str(root), isolation=ISOLATION_OF[root], **limits)
+    return PythonTool(ToolSettings(timeout_s=timeout_s), limits)
 
 
 def test_python_prints(sandbox_root):
@@ -257,6 +264,28 @@ def test_python_batch_keeps_order(sandbox_root):
     results = python_tool(sandbox_root).execute_batch(calls)
     assert results[0] == "first" and results[2] == "third"
     assert results[1].startswith("Error: bad arguments for python")
+
+
+@pytest.mark.parametrize("isolation", ["namespaces", "audit-hooks"])
+def test_the_qa_environments_python_tool_runs_in_the_box_its_setting_names(isolation):
+    from envs.qa_env import QAEnv
+    from flywheel.settings import QASettings
+
+    env = QAEnv(QASettings(tools=["python"], python_isolation=isolation))
+    python = env.tools("test")["python"]
+    assert python.limits.isolation == isolation
+    expected = "/sandbox" if isolation == "namespaces" else "/tmp"
+    assert python.execute({"code": "import os\nprint(os.getcwd())"}).startswith(expected)
+
+
+def test_the_python_isolation_setting_knows_two_boxes():
+    from pydantic import ValidationError
+
+    from flywheel.settings import QASettings
+
+    assert QASettings().python_isolation == "namespaces"
+    with pytest.raises(ValidationError, match="'namespaces' or 'audit-hooks'"):
+        QASettings(python_isolation="none")
 
 
 def test_the_modules_a_vllm_stage_imports_leave_llvmlite_unloaded():
