@@ -127,7 +127,7 @@ def class_comments(owner: type) -> dict[str, str]:
 def first_sentence(text: str) -> str:
     """Up to the first full stop that ends a sentence ("e.g. 0.2" does not)."""
     text = " ".join(text.split())
-    return re.split(r"(?<=[a-z0-9)\]'\"`])\.\s+(?=[A-Z])", text, maxsplit=1)[0]
+    return re.split(r"(?<=[a-z0-9)\]'\"`]\.)\s+(?=[A-Z])", text, maxsplit=1)[0]
 
 
 def type_name(annotation) -> str:

@@ -123,7 +123,9 @@ def task_states(flow_state_or_id) -> dict[str, list[str]]:
     for run in sorted(runs, key=lambda r: r.expected_start_time):
         if run.name.startswith("stages") or "-stages" in run.name:
             continue  # the task run Prefect makes for the subflow call
-        states.setdefault(run.name.rsplit("-", 1)[0], []).append(run.state.name)
+        # A stage's task run is named `<stage>/<label>`; other tasks `<task>-<suffix>`.
+        name = run.name.split("/", 1)[0] if "/" in run.name else run.name.rsplit("-", 1)[0]
+        states.setdefault(name, []).append(run.state.name)
     return states
 
 

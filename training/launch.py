@@ -117,8 +117,9 @@ def trainer_failure(module: str, code: int, log_text: str, log_name: str) -> str
     cause = LOCAL_PATH.sub("", exception_line(lines) or f"{module} exited with code {code}")
     if len(cause) > CAUSE_CHARS:
         cause = cause[: CAUSE_CHARS - 1] + "…"
-    section = SECTIONS.get(module, module.rsplit(".", 1)[-1])
+    section = SECTIONS.get(module)  # the settings of another module are not known here
     fixes = [fix.format(section=section) for pattern, fix in FIXES if pattern.search(cause)]
+    fixes = fixes if section else []
     head = f"{cause} → {fixes[0]}" if fixes else cause
     tail = "\n".join(log_text.splitlines()[-25:])
     return (
