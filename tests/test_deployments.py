@@ -130,6 +130,20 @@ def latest_artifact(key: str):
     return max(found, key=lambda a: a.created) if found else None
 
 
+def failure_artifact(key: str):
+    """The latest version of a failure artifact that records the failure: a later run that
+    succeeded published a newer one saying it is superseded."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+        )
+    failures = [a for a in found if not str(a.data).startswith("# Superseded")]
+    return max(failures, key=lambda a: a.created) if failures else None
+
+
 @pytest.fixture(scope="module")
 def campaign(prefect, tmp_path_factory):
     store = tmp_path_factory.mktemp("campaign") / "store"
@@ -197,7 +211,7 @@ def test_a_failed_stage_is_readable_through_the_prefect_api(campaign):
     assert states["dpo"] == ["Failed"]
     assert set(states["explore-shard"]) == {"Completed"} and states["build-pairs"] == ["Completed"]
 
-    stage_artifact = latest_artifact("campaign-tiny-failed-dpo")
+    stage_artifact = failure_artifact("campaign-tiny-failed-dpo")
     assert stage_artifact is not None and "no pair fits in max_length=64" in stage_artifact.data
     record = campaign["failed_record_after_second"]
     assert record["stage"] == "dpo" and "max_length=64" in record["message"]
@@ -208,7 +222,7 @@ def test_a_failed_stage_is_readable_through_the_prefect_api(campaign):
         )
     assert any(url.endswith("train.log") for url in record["partial_outputs"])
 
-    run_artifact = latest_artifact("campaign-tiny-failed")
+    run_artifact = failure_artifact("campaign-tiny-failed")
     assert run_artifact is not None and "round-1/dpo/_FAILED.json" in run_artifact.data
     mlflow_run_id = re.search(r"/runs/([0-9a-f]+)", run_artifact.data).group(1)
     mlflow = MlflowClient(campaign["mlflow"])
@@ -231,6 +245,8 @@ def test_the_next_run_resumes_the_round_and_publishes_it(campaign):
     assert [r["round"] for r in state["rounds"]] == [0, 1]
     assert state["rounds"][1]["policy"].endswith("round-1/dpo/model")
     assert not store.exists(store.url("campaign-tiny", "round-1", "dpo", "_FAILED.json"))
+    for key in ("campaign-tiny-failed-dpo", "campaign-tiny-failed"):  # the UI's latest version
+        assert latest_artifact(key).data.startswith("# Superseded: "), key
 
 
 def test_a_run_with_nothing_new_ends_cleanly_without_stages(campaign):
