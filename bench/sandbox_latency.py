@@ -4,7 +4,9 @@ Two measurements, both through `envs.tools.PythonTool`, as the QA environment ca
 
 latency: one call after another (`execute`), the boxes alternating call by call so that both
     see the same machine load; median, p95 and mean milliseconds a call, from the parent's
-    side (the temporary folder, the process start, the code, the teardown).
+    side (the temporary folder, the process start, the code, the teardown), and the CPU
+    milliseconds a call cost the processes it started (getrusage of the waited-for children:
+    less dependent on the machine's load than wall time).
 throughput: the RL sampler's way: `QAEnv.step_all` hands every live episode's python call of a
     step to one `execute_batch`, which runs them on `ToolSettings.workers` threads (2 by default);
     a batch of `--batch` calls per (box, workers), `--rounds` times: calls per second (median
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -49,17 +52,27 @@ def checked(output: str) -> None:
         raise RuntimeError(f"the sandbox printed {output!r}, not {EXPECTED!r}")
 
 
-def latencies(calls: int) -> dict[str, list[float]]:
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of the processes this one has waited for, theirs included."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def latencies(calls: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Per box: the calls' wall seconds, and the CPU seconds a call cost on average (the
+    launcher's, the box's and the code's: less dependent on the machine's load)."""
     tools = {isolation: tool(isolation) for isolation in BOXES}
     for python in tools.values():  # warm the interpreter's files in the page cache
         checked(python.execute(CALL))
     seconds: dict[str, list[float]] = {isolation: [] for isolation in BOXES}
+    cpu = dict.fromkeys(BOXES, 0.0)
     for _ in range(calls):
         for isolation, python in tools.items():
-            started = time.perf_counter()
+            started, cpu_before = time.perf_counter(), children_cpu_s()
             checked(python.execute(CALL))
             seconds[isolation].append(time.perf_counter() - started)
-    return seconds
+            cpu[isolation] += children_cpu_s() - cpu_before
+    return seconds, {isolation: total / calls for isolation, total in cpu.items()}
 
 
 def throughput(batch: int, workers: int, rounds: int) -> dict[str, float]:
@@ -80,7 +93,7 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
 
 
-def report(args, seconds, rates, load_before, load_after) -> str:
+def report(args, seconds, cpu, rates, load_before, load_after) -> str:
     lines = [
         f"# The python tool's sandbox: latency and batch throughput ({datetime.now(UTC):%Y-%m-%d})",
         "",
@@ -92,14 +105,14 @@ def report(args, seconds, rates, load_before, load_after) -> str:
         "",
         f"Latency: {args.calls} calls a box, one after another, the boxes alternating.",
         "",
-        "| box | median ms | p95 ms | mean ms |",
-        "| --- | ---: | ---: | ---: |",
+        "| box | median ms | p95 ms | mean ms | CPU ms a call |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
     for isolation in BOXES:
         values = [s * 1000 for s in seconds[isolation]]
         lines.append(
             f"| {isolation} | {statistics.median(values):.1f} | {percentile(values, 0.95):.1f} "
-            f"| {statistics.mean(values):.1f} |"
+            f"| {statistics.mean(values):.1f} | {cpu[isolation] * 1000:.1f} |"
         )
     lines += [
         "",
@@ -123,9 +136,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results-sandbox-latency.md")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
-    seconds = latencies(args.calls)
+    seconds, cpu = latencies(args.calls)
     rates = {w: throughput(args.batch, w, args.rounds) for w in args.workers}
-    text = report(args, seconds, rates, load_before, os.getloadavg()[0])
+    text = report(args, seconds, cpu, rates, load_before, os.getloadavg()[0])
     args.out.write_text(text)
     print(text)
 
