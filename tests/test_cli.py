@@ -20,7 +20,9 @@ def test_every_flow_file_is_a_command_named_and_described_by_it(tmp_path):
 def test_the_shipped_recipes_and_tools_are_listed(capsys):
     assert main(["--help"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[3:]]
-    assert listed == ["agent-r", "agent-r1", "et-agent", "eto", "serve-env", "services"]
+    assert listed == [
+        "agent-r", "agent-r1", "et-agent", "eto", "serve-env", "services", "status"
+    ]  # fmt: skip
     assert main(["no-such-command"]) == 2
 
 

@@ -22,10 +22,12 @@ from conftest import flow_run_ids, task_states
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 
-from flows.eto import eto
+from flows.eto import ETO, eto
 from flywheel.inference import release_vllm
+from flywheel.settings import ETOConfig
 from flywheel.storage import ArtifactStore, cache_root
 from ops.services import free_port, start_mlflow_server, start_s3
+from ops.status import ReadOnlyStore, plan
 
 pytestmark = pytest.mark.slow
 
@@ -91,11 +93,14 @@ def runs(s3, tiny_model_dir):
     release_vllm()
     store = ArtifactStore(config["storage_url"])
     before = store.read_manifest(store.url("eto-tiny/evaluate/eto-round-1"))
-    retuned = eto(config={**config, "dpo": {**config["dpo"], "beta": 0.5}}, return_state=True)
+    retuned_config = {**config, "dpo": {**config["dpo"], "beta": 0.5}}
+    # What `flywheel status` says before the retuned run, from the store on S3 alone.
+    status = plan(ETO, ETOConfig.model_validate(retuned_config), ReadOnlyStore(store.root))
+    retuned = eto(config=retuned_config, return_state=True)
     release_vllm()
     return {
         "config": config, "failed": failed, "resumed": resumed, "cached": cached,
-        "retuned": retuned, "evaluation_before": before,
+        "retuned": retuned, "evaluation_before": before, "status": status,
     }  # fmt: skip
 
 
@@ -152,6 +157,18 @@ def test_a_changed_setting_redoes_exactly_its_stage_and_what_used_its_output(run
     row = retuned.result()[-1]
     assert row["stage"] == "eto-round-1"
     assert row["success_rate"] == evaluation.metrics["success_rate"]
+
+
+def test_status_named_the_changed_setting_before_the_run(runs):
+    """`flywheel status` with the retuned config, before that run: DPO would re-run for its
+    beta, the evaluation of its model after it; everything else cached."""
+    found = {s.url.split("/eto-tiny/")[-1]: s for s in runs["status"]}
+    rerun = {where for where, s in found.items() if s.state != "cached"}
+    assert rerun == {"round-1/dpo", "evaluate/eto-round-1"}
+    assert found["round-1/dpo"].reasons == ["setting settings.beta: 0.1 → 0.5"]
+    [why] = found["evaluate/eto-round-1"].reasons
+    assert "round-1/dpo/model is re-made first" in why
+    assert len(found) == 10  # base model, expert, sft, 2 shards, pairs, dpo, 3 evaluations
 
 
 def test_results_reach_storage_mlflow_and_prefect_artifacts(runs):

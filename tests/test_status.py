@@ -137,7 +137,8 @@ def test_a_round_never_run_stops_the_plan(finished):
     statuses = plan(Toy, cfg.model_copy(update={"rounds": 3}), ReadOnlyStore(cfg.storage_url))
     assert states(statuses) == {**dict.fromkeys(ALL, "cached"), "round-2": "never run"}
     assert reasons(statuses, "round-2") == [
-        "last attempt failed at 2026-01-01T00:00:00: ValueError: no pair fits"
+        "last attempt failed at 2026-01-01T00:00:00: ValueError: no pair fits",
+        "a run starts here; the stages after it read its output (not planned further)",
     ]
     # Fewer rounds: the stages a run would not reach are listed too.
     statuses = plan(Toy, cfg.model_copy(update={"rounds": 0}), ReadOnlyStore(cfg.storage_url))
