@@ -7,9 +7,13 @@ Two formats, told apart by their items:
   `<family>_<variation>` with ETO's family number (its eval_agent/data/sciworld/taskname2id.json),
   mapped here to the project's `<family-name>/<variation>`.
 - AgentGym's AgentTraj (`{"item_id", "conversations": [{"from", "loss", "value"}]}`): `item_id`
-  is `<env>_<index>`, the index into AgentGym's server's task list, which is the task id of the
-  `agentgym-*` environments. TextCraft items also map to the project's own `textcraft` by the goal
-  their first task turn names (AgentGym numbers its tasks differently).
+  is `<env>_<index>`, the index into the task list of the AgentGym server it was recorded on.
+  SciWorld items keep that index as their `agentgym-sciworld` task id (ScienceWorld's own task
+  order, the same on every machine). TextCraft items are matched by the goal their first task turn
+  names, never by index: AgentGym numbers TextCraft's goals in the order its recipe files are
+  listed on the machine, so the recording machine's index 0 ("light blue dye" on one) can be
+  another goal here ("acacia planks"). For `agentgym-textcraft` the goal is looked up in the task
+  texts of this run's servers (`task_goal`); for the project's own `textcraft` it is the task id.
 
 Both begin with an instruction part (the instructions, then the model's "OK"), replaced by this
 run's prefix so imported and explored trajectories share one prompt, and the turns after the task
@@ -23,11 +27,17 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from agents.eto_format import read_eto_sft
+from envs.agentgym_expert import textcraft_goal
 from flywheel.chat import format_observation, format_reply, parse_reply
 from flywheel.records import Message, Trajectory
+
+if TYPE_CHECKING:
+    from flywheel.settings import EnvSettings
 
 # ETO's ScienceWorld family numbers (eval_agent/data/sciworld/taskname2id.json; 5, the unknown-
 # substance melting point, is left out of ETO's data).
@@ -77,7 +87,6 @@ TARGETS = {
 }
 NO_SUCH_ENVIRONMENT = {"webshop": "WebShop", "alfworld": "ALFWorld"}
 OBSERVATION_PREFIX = format_observation("")
-TEXTCRAFT_GOAL = re.compile(r"Goal: craft (.+?)\.\s*$", re.MULTILINE)
 
 
 @dataclass
@@ -102,20 +111,27 @@ class ImportCounts:
 
 
 def import_trajectories(
-    items: list[dict], env: str, prefix: list[Message], task_ids: list[str]
+    items: list[dict],
+    env: str,
+    prefix: list[Message],
+    task_ids: list[str],
+    task_goal: Callable[[str], str | None] | None = None,
 ) -> tuple[list[Trajectory], ImportCounts]:
-    """The file's trajectories for `task_ids` of environment `env`, under `prefix`."""
+    """The file's trajectories for `task_ids` of environment `env`, under `prefix`.
+    `task_goal(task_id)`: a TextCraft task's goal item (`acacia_boat`) in `env`, which AgentGym's
+    TextCraft items into `agentgym-textcraft` are matched by (`task_goal_reader`)."""
     if not isinstance(items, list) or not items:
         raise ValueError("an expert file holds a JSON list of trajectories; this one does not")
     sources = [_source_env(item) for item in items]
     _refuse_unusable(sources, env)
     counts, wanted, kept = ImportCounts(read=len(items)), set(task_ids), {}
+    goals = _GoalLookup(task_ids, task_goal, env)
     for item, source in zip(items, sources, strict=True):
         if source is not None and env not in TARGETS.get(source, ()):
             counts.dropped[f"recorded on {source}, not for {env}"] += 1
             continue
         trajectory = _trajectory(item, env, prefix)
-        task_id = _task_id(item, source, env, trajectory)
+        task_id = _task_id(item, source, env, trajectory, goals)
         if task_id is None:
             counts.dropped[f"{source} id names no {env} task"] += 1
         elif task_id not in wanted:
@@ -127,6 +143,37 @@ def import_trajectories(
             kept[task_id] = trajectory.model_copy(update={"task_id": task_id})
     counts.imported = len(kept)
     return list(kept.values()), counts
+
+
+def task_goal_reader(env: EnvSettings) -> Callable[[str], str | None] | None:
+    """How to read a task's goal where imports are matched by goal: from the task texts of an
+    `agentgym-textcraft` run's servers (one `/create` and `/reset` per task, once needed)."""
+    if env.name != "agentgym-textcraft":
+        return None
+    from envs import make_env
+
+    return make_env(env).task_goal
+
+
+class _GoalLookup:
+    """The run's task with a given TextCraft goal, from `task_goal` over the run's tasks, read
+    once the first item needs it."""
+
+    def __init__(self, task_ids: list[str], task_goal, env: str) -> None:
+        self.task_ids, self.task_goal, self.env = task_ids, task_goal, env
+        self._tasks: dict[str, str] | None = None
+
+    def task_for(self, goal: str) -> str | None:
+        if self._tasks is None:
+            if self.task_goal is None:
+                raise ValueError(
+                    f"AgentGym's TextCraft items are matched to {self.env} tasks by goal, which "
+                    "needs the tasks' goals (task_goal; see task_goal_reader)"
+                )
+            self._tasks = {}
+            for task_id in self.task_ids:  # index i and i + 544 share a goal: the first wins
+                self._tasks.setdefault(self.task_goal(task_id), task_id)
+        return self._tasks.get(goal)
 
 
 def recording_notes(items: list[dict], env: str, simplification: str) -> list[str]:
@@ -205,15 +252,21 @@ def _in_project_layout(message: Message) -> Message:
     return message.model_copy(update={"content": format_reply(reply.thought, reply.action)})
 
 
-def _task_id(item: dict, source: str, env: str, trajectory: Trajectory) -> str | None:
+def _task_id(
+    item: dict, source: str, env: str, trajectory: Trajectory, goals: _GoalLookup
+) -> str | None:
     """The task's id in `env`, or None when the item's id names none."""
     if "item_id" in item:
+        if source == "textcraft":  # its index is the recording machine's: go by the goal
+            goal = textcraft_goal(trajectory.messages[trajectory.episode_start].content)
+            if goal is None or env == "textcraft":
+                return goal
+            # A goal none of the run's tasks has stays a goal name, which is no task index: it
+            # is dropped as not among the run's tasks.
+            return goals.task_for(goal) or goal
         index = _file_id(item).rpartition("_")[2]
         if env.startswith("agentgym-"):
             return index if index.isdigit() else None
-        if source == "textcraft":  # AgentGym's numbering is not the project's: go by the goal
-            goal = TEXTCRAFT_GOAL.search(trajectory.messages[trajectory.episode_start].content)
-            return goal.group(1).replace(" ", "_") if goal else None
         return None
     if source is None:
         return _file_id(item)

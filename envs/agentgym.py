@@ -52,6 +52,7 @@ from envs.agentgym_expert import (
     PROMPT_ACKNOWLEDGEMENT,
     TASK_PROMPTS,
     sciworld_plan,
+    textcraft_goal,
     textcraft_mistakes,
     textcraft_plan,
 )
@@ -605,6 +606,13 @@ class AgentGymEnv(Environment):
         if task_id not in self._openings:
             self.start(task_id).close()
         return self._openings[task_id]
+
+    def task_goal(self, task_id: str) -> str | None:
+        """A TextCraft task's goal item (`acacia_boat`), from its text on the servers: AgentGym's
+        numbering depends on the machine the server runs on, the goal does not."""
+        if self.dialect.name != "textcraft":
+            return None
+        return textcraft_goal(self.opening(task_id)[0])
 
     def expert_plan(self, task_id: str) -> list[tuple[str, str]] | None:
         if self.dialect.name == "textcraft":

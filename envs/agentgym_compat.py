@@ -10,7 +10,7 @@ clients and evaluation scripts can use it unchanged:
 TextCraft
 - `data_idx` i is AgentGym's goal `i % 544`: the craftable items of recipe depth >= 1, sorted by
   depth (a stable sort, so ties keep the crafting tree's order, which is the order its recipe
-  files are read in); the instruction is built as AgentGym's `TextCraftEnv.reset(seed=42)` builds
+  files are read in: see the end); the instruction is built as AgentGym's `TextCraftEnv.reset(seed=42)` builds
   it, from Python sets, so it depends on the server's hash seed, as AgentGym's does: start it with
   the same `PYTHONHASHSEED` as the AgentGym server it stands in for.
 - `/create` answers the task at `data_idx` = the new id (AgentGym resets every new environment
@@ -29,14 +29,20 @@ Both
   words them.
 
 What stays Flywheel's: session ids are random (AgentGym counts from 0; clients treat ids as
-opaque, and a guessable id would let one client step another's episode), `--token` and
+opaque, and a guessable id would let one client step another's episode; `--sequential-ids`
+counts from 0 as AgentGym does, for testing clients against restarts), `--token` and
 `--max-body-bytes` still apply, bodies nested deeper than `MAX_JSON_DEPTH` are still refused
 (HTTP 400), idle sessions are closed after `--session-ttl`, and `GET /flywheel` and `GET /tasks`
 still answer (the task ids in `data_idx` order). There is no `POST /flywheel/step`: Flywheel's own
 clients need the project's numbering, so they refuse a compat server (its task list differs).
 AgentGym reads its recipe files in the filesystem's order (`os.listdir`), which differs between
-machines and changes which recipes it drops as cycles and the order of goals of equal depth; this
-server reads them in name order, the same on every machine.
+machines and changes the order of goals of equal depth (so the numbering: index 0 is "light blue
+dye" on one machine, "acacia planks" in name order), the decoy recipes each text shows, and
+which recipes it drops as cycles. By default this server reads them in name order, the same on
+every machine; `--recipe-listing directory` reads them in the folder's own order, as AgentGym
+does, so that with the same files on the same machine (`--recipes` AgentGym's own
+`agentenv_textcraft` folder, to be sure) every index names the same task with the same text as
+AgentGym's server there (docs/agentgym.md).
 """
 
 from __future__ import annotations

@@ -6,9 +6,12 @@
 AgentGym's own clients can use it (TextCraft and SciWorld servers' fields; `--dialect webshop`
 speaks WebShop's), and so can Flywheel's (`env.servers` in a recipe config). `data_idx` indexes
 the environment's train tasks followed by its test tasks. With `--compat agentgym` it answers as
-AgentGym's own TextCraft and SciWorld servers do instead, index for index and key for key: their
-task numbering, texts, errors (HTTP 200) and HTTP 422s (envs/agentgym_compat.py), and Flywheel's
-own clients refuse it; what follows is the default mode. Beyond AgentGym's endpoints it answers
+AgentGym's own TextCraft and SciWorld servers do instead, key for key: their task numbering,
+texts, errors (HTTP 200) and HTTP 422s (envs/agentgym_compat.py), and Flywheel's own clients
+refuse it; TextCraft's numbering is AgentGym's for recipe files read in name order, or, with
+`--recipe-listing directory`, in the folder's own order as AgentGym reads them (index for index
+with AgentGym's server on the same machine and files: docs/agentgym.md). What follows is the
+default mode. Beyond AgentGym's endpoints it answers
 `GET /flywheel` (environment, dialect, a digest of the task list: clients check they agree),
 `GET /tasks` (the task ids in `data_idx` order) and `POST /flywheel/step` (many sessions' steps in
 one request: `{"steps": [<a /step body>, ...]}` answers `{"results": [<its /step answer>, ...]}`).

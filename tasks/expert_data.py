@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from agents.eto_format import write_eto_sft
 from agents.rollout import expert_trajectory
-from agents.trajectory_import import import_trajectories, recording_notes
+from agents.trajectory_import import import_trajectories, recording_notes, task_goal_reader
 from envs import make_env
 from flywheel.records import Message, Trajectory
 from flywheel.settings import EnvSettings
@@ -56,7 +56,8 @@ def expert_data_stage(inputs: ExpertDataInputs, run: StageRun) -> StageResult:
     counts, notes = {}, []
     if inputs.expert_file:
         items = store.read_json(inputs.expert_file)
-        trajectories, imported = import_trajectories(items, env.name, prefix, task_ids)
+        goal_of = task_goal_reader(env)  # AgentGym's TextCraft items are matched by goal
+        trajectories, imported = import_trajectories(items, env.name, prefix, task_ids, goal_of)
         unsolved = sorted(set(task_ids) - {t.task_id for t in trajectories})
         counts = imported.counts()
         notes = recording_notes(items, env.name, env.scienceworld.simplification)

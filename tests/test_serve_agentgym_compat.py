@@ -241,6 +241,91 @@ def test_the_recordings_name_their_source():
     )
 
 
+# ---- TextCraft's numbering: recipe files read in name order, or in the folder's own ------------
+
+# Four recipes and a cycle (a from b, b from a), each in its own file.
+RECIPES = {
+    "button": ({"minecraft:stone": 1}, "minecraft:stone_button"),
+    "planks": ({"minecraft:oak_log": 1}, "minecraft:oak_planks"),
+    "stick": ({"minecraft:oak_planks": 2}, "minecraft:stick"),
+    "torch": ({"minecraft:coal": 1, "minecraft:stick": 1}, "minecraft:torch"),
+    "a": ({"minecraft:b": 1}, "minecraft:a"),
+    "b": ({"minecraft:a": 1}, "minecraft:b"),
+}
+
+
+def recipes_folder_with(tmp_path: Path) -> Path:
+    folder = tmp_path / "agentenv_textcraft" / "recipes"
+    folder.mkdir(parents=True)
+    for name, (ingredients, result) in RECIPES.items():
+        items = [{"item": item} for item, n in ingredients.items() for _ in range(n)]
+        recipe = {"type": "minecraft:crafting_shapeless", "ingredients": items,
+                  "result": {"item": result}}  # fmt: skip
+        (folder / f"{name}.json").write_text(json.dumps(recipe))
+    return folder.parent
+
+
+def test_directory_listing_numbers_goals_in_the_folders_own_order(tmp_path, monkeypatch):
+    """AgentGym's goals are sorted by depth, stably: goals of equal depth keep the order their
+    files were read in, and of a cycle the file read first keeps its recipe."""
+    from envs.agentgym_compat import CompatOptions, agentgym_textcraft
+
+    checkout = str(recipes_folder_with(tmp_path))
+    by_name = agentgym_textcraft(CompatOptions(checkout, "name"))
+    # a, b: b's recipe closes a cycle and is dropped; depth 1, 1, 1, then 2, 3
+    assert by_name.task_ids == ("a", "stone_button", "oak_planks", "stick", "torch")
+    real_listdir = os.listdir
+    folder_order = ["torch.json", "b.json", "stick.json", "planks.json", "button.json", "a.json"]
+    monkeypatch.setattr(os, "listdir", lambda path: folder_order)
+    by_folder = agentgym_textcraft(CompatOptions(checkout + "/recipes", "directory"))
+    monkeypatch.setattr(os, "listdir", real_listdir)
+    assert by_folder.task_ids == ("b", "oak_planks", "stone_button", "stick", "torch")
+    assert by_folder.new_game(0).observation.endswith("Goal: craft b.")
+
+
+def test_recipe_options_are_refused_where_they_mean_nothing(tmp_path, capsys):
+    assert main(["--env", "textcraft", "--recipe-listing", "directory"]) == 2
+    assert "need --compat agentgym" in capsys.readouterr().err
+    assert main(["--env", "textcraft", "--compat", "agentgym", "--recipes", str(tmp_path)]) == 2
+    assert "no TextCraft recipe files" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    not os.environ.get("FLYWHEEL_AGENTGYM_DIR"),
+    reason="set FLYWHEEL_AGENTGYM_DIR to an AgentGym checkout to compare with its real server",
+)
+def test_directory_listing_numbers_tasks_as_agentgyms_own_server_on_this_machine(monkeypatch):
+    """AgentGym's real TextCraft server and ours, reading the same recipe files on the same
+    machine in the folder's order: the same task at every index, with the same text."""
+    import httpx
+    from test_agentgym_restart import AgentGymTextCraftServer
+
+    from envs.agentgym import AgentGymEnv
+
+    checkout = Path(os.environ["FLYWHEEL_AGENTGYM_DIR"])
+    recipes = checkout / "agentenv-textcraft" / "agentenv_textcraft"
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    ours = LocalServer("--env", "textcraft", "--compat", "agentgym",
+                       "--recipe-listing", "directory", "--recipes", str(recipes))  # fmt: skip
+    theirs = AgentGymTextCraftServer(checkout)
+    try:
+        texts = []
+        for server in (ours, theirs):
+            with httpx.Client(base_url=server.url, timeout=30) as client:
+                env_id = client.post("/create", json={}).json()["id"]
+                texts.append([
+                    client.post("/reset", json={"id": env_id, "data_idx": i}).json()["observation"]
+                    for i in range(544)
+                ])  # fmt: skip
+        assert texts[0] == texts[1]
+        goals = [AgentGymEnv("textcraft", [s.url], (0, 544), (0, 0)).task_goal("0")
+                 for s in (ours, theirs)]  # fmt: skip
+        assert goals[0] == goals[1] and goals[0] is not None
+    finally:
+        ours.kill()
+        theirs.kill()
+
+
 # ---- SciWorld ----------------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from agents.trajectory_import import (
     ETO_SCIWORLD_FAMILIES,
     import_trajectories,
     scienceworld_task_name,
+    task_goal_reader,
 )
 from flywheel.records import Message, Trajectory
 from flywheel.settings import AgentRConfig, EnvSettings, ETOConfig
@@ -60,9 +61,17 @@ def test_every_eto_family_is_a_scienceworld_task_name():
     )
 
 
+# The goals of an AgentGym server's tasks where its numbering is the recording machine's, and
+# where it is not (AgentGym numbers TextCraft's goals in its recipe files' listing order).
+SAME_NUMBERING = {"12": "acacia_boat", "13": "oak_planks", "40": "blue_dye"}.get
+OTHER_NUMBERING = {"3": "acacia_boat", "12": "blue_dye", "13": "oak_planks"}.get
+
+
 def test_agenttraj_indices_are_agentgym_task_ids_and_other_envs_are_dropped():
     items = sample("agenttraj_mixed.json")
-    trajectories, counts = import_trajectories(items, "agentgym-textcraft", PREFIX, ["12", "13"])
+    trajectories, counts = import_trajectories(
+        items, "agentgym-textcraft", PREFIX, ["12", "13"], SAME_NUMBERING
+    )
     assert [t.task_id for t in trajectories] == ["12"]
     assert counts.imported == 1 and counts.mapped == 1 and counts.read == 4
     assert counts.dropped == {
@@ -73,9 +82,39 @@ def test_agenttraj_indices_are_agentgym_task_ids_and_other_envs_are_dropped():
     assert trajectories[0].n_steps == 3 and trajectories[0].messages[-1].loss
 
 
+def test_agenttraj_textcraft_items_go_to_the_servers_task_with_their_goal_not_their_index():
+    items = sample("agenttraj_mixed.json")  # textcraft_12: acacia boat; textcraft_40: blue dye
+    trajectories, counts = import_trajectories(
+        items, "agentgym-textcraft", PREFIX, ["3", "12", "13"], OTHER_NUMBERING
+    )
+    assert [(t.task_id, t.messages[1].content.rpartition("\n")[2]) for t in trajectories] == [
+        ("3", "Goal: craft acacia boat."),
+        ("12", "Goal: craft blue dye."),
+    ]
+    assert counts.mapped == 2 and counts.imported == 2
+    # A goal none of the run's tasks has is dropped as such, whatever its index.
+    _, counts = import_trajectories(items, "agentgym-textcraft", PREFIX, ["12"], OTHER_NUMBERING)
+    assert counts.dropped["not among this run's train tasks"] == 1 and counts.imported == 1
+
+
+def test_agenttraj_textcraft_items_need_the_servers_goals():
+    items = sample("agenttraj_mixed.json")
+    with pytest.raises(ValueError, match="matched to agentgym-textcraft tasks by goal"):
+        import_trajectories(items, "agentgym-textcraft", PREFIX, ["12"])
+    assert task_goal_reader(EnvSettings(name="textcraft")) is None
+    servers = EnvSettings(
+        name="agentgym-textcraft",
+        servers=["http://127.0.0.1:9"],
+        agentgym={"train": (0, 10), "test": (10, 12)},
+    )
+    assert callable(task_goal_reader(servers))  # reads nothing from a server until called
+
+
 def test_agentgym_turns_are_rewritten_in_the_projects_layout():
     items = sample("agenttraj_mixed.json")
-    [trajectory], _ = import_trajectories(items, "agentgym-textcraft", PREFIX, ["12"])
+    [trajectory], _ = import_trajectories(
+        items, "agentgym-textcraft", PREFIX, ["12"], SAME_NUMBERING
+    )
     task, reply, observation = trajectory.messages[1:4]
     assert task.content.endswith("Goal: craft acacia boat.")  # the task turn stays as recorded
     assert reply.content == "Thought: I need planks.\nAction: get 2 acacia log" and reply.loss
