@@ -59,6 +59,9 @@ VARIANTS = {
         {"gradient_checkpointing": True},
         EVERY_POSITION,
     ),
+    # A checkpoint every 2 optimizer steps into a store in the work folder (training/checkpoint.py):
+    # what a save costs, in seconds and in share of the training time.
+    "sft, checkpoint every 2 steps": ("sft", {}, {"checkpoint_every": 2}),
     "dpo": ("dpo", {}, {}),  # as shipped: reference log-probs computed once, before training
     "dpo, reference forward every step": ("dpo", {"precompute_ref_log_probs": False}, {}),
     "dpo, gradient checkpointing (trl's default)": ("dpo", {"gradient_checkpointing": True}, {}),
@@ -68,6 +71,7 @@ VARIANTS = {
         {"precompute_ref_log_probs": False, "gradient_checkpointing": True},
         EVERY_POSITION,
     ),
+    "dpo, checkpoint every 2 steps": ("dpo", {}, {"checkpoint_every": 2}),
 }
 
 
@@ -108,6 +112,8 @@ class Measured:
     steps: int
     final_loss: float
     flops: float
+    checkpoints: int = 0  # saved into the store
+    checkpoint_seconds: float = 0.0  # from each step's end to its copy in the store, summed
 
     @property
     def tokens_per_s(self) -> float:
@@ -196,6 +202,11 @@ def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured
     work.mkdir()
     data = work / "data.jsonl"
     data.write_text("".join(r.model_dump_json() + "\n" for r in records))
+    job_fields = dict(job_fields)
+    if every := job_fields.pop("checkpoint_every", 0):
+        store = f"file://{work / 'store'}"
+        job_fields["checkpoint"] = {"store_url": store, "url": f"{store}/sft/checkpoint",
+                                    "key": "bench", "every_steps": every}  # fmt: skip
     job = TrainingJob(
         model_dir=str(model_dir), data_file=str(data), output_dir=str(work / "model"),
         max_length=args.max_length, frozen_layers=args.frozen_layers,
@@ -219,6 +230,8 @@ def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured
         variant=name, trainer=trainer, rows=rows, real_tokens=real, processed_tokens=processed,
         seconds=float(metrics["train_runtime"]), steps=int(metrics["optimizer_steps"]),
         final_loss=float(metrics["train_loss"]), flops=flops,
+        checkpoints=int(metrics.get("checkpoints_saved", 0)),
+        checkpoint_seconds=float(metrics.get("checkpoint_seconds", 0.0)),
     )  # fmt: skip
 
 
@@ -243,6 +256,7 @@ def report(results: list[Measured], info: dict) -> str:
     for m in results:
         if m.trainer in base and m.variant != m.trainer:
             lines.append(f"| {m.variant} | {m.tokens_per_s / base[m.trainer].tokens_per_s:.2f}x |")
+    lines += checkpoint_lines(results)
     lines += [
         "",
         f"float32 {info['matmul_size']}x{info['matmul_size']} matmul on {info['threads']} "
@@ -251,6 +265,26 @@ def report(results: list[Measured], info: dict) -> str:
         f"{info['date']}. Command: `{info['command']}`.",
     ]
     return "\n".join(lines)
+
+
+def checkpoint_lines(results: list[Measured]) -> list[str]:
+    """What checkpointing cost where it was on: seconds a save (the Trainer's local save, the
+    pickles turned into safetensors + JSON, the copy into the store) and their share of the
+    training time."""
+    saved = [m for m in results if m.checkpoints]
+    if not saved:
+        return []
+    lines = [
+        "",
+        "| variant | checkpoints | s per checkpoint | share of train s |",
+        "|---|---:|---:|---:|",
+    ]
+    for m in saved:
+        lines.append(
+            f"| {m.variant} | {m.checkpoints} | {m.checkpoint_seconds / m.checkpoints:.2f} "
+            f"| {m.checkpoint_seconds / m.seconds:.1%} |"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

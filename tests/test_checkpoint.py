@@ -217,3 +217,36 @@ def test_the_trainer_saves_every_n_steps_only_with_a_plan():
     assert checkpointing(job) == {
         "save_strategy": "steps", "save_steps": 25, "save_total_limit": 1
     }  # fmt: skip
+
+
+def test_an_rl_steps_numbers_are_trls_names_over_the_steps_rows():
+    import time
+
+    from training.rl import Progress, Rows, Sums, step_metrics
+
+    rows = Rows(
+        input_ids=[torch.tensor([1, 2, 3]), torch.tensor([1, 2, 3, 4, 5]), torch.tensor([7, 8])],
+        mask=torch.tensor([[True, True, False, False], [False, True, True, True], [True] * 4]),
+        recorded_logp=torch.zeros(3, 4),
+        rewards=torch.tensor([1.0, 0.0, 9.0]),
+        groups=torch.tensor([0, 0, 1]),
+    )
+    advantages = torch.tensor([[0.5, 0.5, 9, 9], [9, -0.5, -0.5, -0.5], [9.0] * 4])
+    sums = Sums(loss=0.25, steps=1, tokens=5, kl=0.5, clipped=1.0)
+    numbers = step_metrics(rows, advantages, [0, 1], sums, torch.tensor(2.0), 1e-3,
+                           time.perf_counter() - 1.0)  # fmt: skip
+    assert 7.0 < numbers.pop("tokens_per_second") <= 8.0  # 8 tokens in a bit over 1 s
+    assert numbers == pytest.approx({
+        "loss": 0.25, "kl": 0.1, "clip_ratio/region_mean": 0.2, "grad_norm": 2.0,
+        "learning_rate": 1e-3, "reward": 0.5, "reward_std": 2**-0.5,
+        "advantages/mean": -0.1, "advantages/std": (0.3 / 4) ** 0.5 * 2,
+        "advantages/min": -0.5, "advantages/max": 0.5, "step_tokens": 8,
+    })  # fmt: skip
+    logged = []
+    progress = Progress(seed=0, log_step=logged.append)
+    for step in (1, 2):
+        progress.step = step
+        progress.record({"loss": 0.1 * step, "step_tokens": 8})
+    assert logged == progress.history == [
+        {"step": 1, "loss": 0.1, "num_tokens": 8}, {"step": 2, "loss": 0.2, "num_tokens": 16}
+    ]  # fmt: skip

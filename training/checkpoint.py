@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -289,6 +290,14 @@ def mirroring_callback(plan: CheckpointPlan):
     from transformers import TrainerCallback
 
     class MirrorCheckpoints(TrainerCallback):
+        """Also times each checkpoint, from the step's end (the Trainer's own save follows it)
+        to the store's copy published: `saves`, `seconds`."""
+
+        saves, seconds, step_ended = 0, 0.0, 0.0
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.step_ended = time.perf_counter()
+
         def on_save(self, args, state, control, **kwargs):
             wait_for_every_process()  # each process's RNG file is written
             if state.is_world_process_zero:
@@ -297,6 +306,8 @@ def mirroring_callback(plan: CheckpointPlan):
                     files = trainer_files(folder, Path(scratch))
                     publish_checkpoint(plan, files, state.global_step)
             wait_for_every_process()
+            self.saves += 1
+            self.seconds += time.perf_counter() - self.step_ended
 
     return MirrorCheckpoints()
 

@@ -152,8 +152,9 @@ def train_and_save(trainer, tokenizer, job: TrainingJob, rows: int) -> dict:
     from training.checkpoint import CheckpointPlan, mirroring_callback
 
     plan = CheckpointPlan.from_job(job.checkpoint)
-    if plan is not None:
-        trainer.add_callback(mirroring_callback(plan))
+    mirror = mirroring_callback(plan) if plan is not None else None
+    if mirror is not None:
+        trainer.add_callback(mirror)
     resume = resume_point(plan, Path(trainer.args.output_dir), trainer.is_world_process_zero())
     result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(job.output_dir)
@@ -170,6 +171,9 @@ def train_and_save(trainer, tokenizer, job: TrainingJob, rows: int) -> dict:
         "processes": trainer.args.world_size,
         "optimizer_steps": result.global_step,
         "resumed_from_step": resumed_step(resume),
+        # what checkpointing cost: saves, and seconds from a step's end to its copy in the store
+        "checkpoints_saved": mirror.saves if mirror else 0,
+        "checkpoint_seconds": mirror.seconds if mirror else 0.0,
         **result.metrics,
     }
 

@@ -412,18 +412,24 @@ class Progress:
     sums: Sums = field(default_factory=Sums)
     history: list[dict] = field(default_factory=list)
     log_step: Callable[[dict], None] | None = None  # MLflow, on the main process
+    checkpoints_saved: int = 0  # by this run (not counting a killed run's)
+    checkpoint_seconds: float = 0.0
 
     def record(self, metrics: dict) -> None:
         """One optimizer step's numbers; `num_tokens` counts every token forwarded so far."""
         seen = self.history[-1]["num_tokens"] if self.history else 0
-        entry = {"step": self.step, **metrics, "num_tokens": seen + metrics.pop("step_tokens")}
+        step_tokens = metrics.pop("step_tokens")
+        entry = {"step": self.step, **metrics, "num_tokens": seen + step_tokens}
         self.history.append(entry)
         if self.log_step is not None:
             self.log_step(entry)
 
     def maybe_checkpoint(self, policy, optimizer, rows: Rows, accelerator) -> None:
         if self.plan is not None and self.step % self.plan.every_steps == 0:
+            started = time.perf_counter()
             save_checkpoint(self, policy, optimizer, rows, accelerator)
+            self.checkpoints_saved += 1
+            self.checkpoint_seconds += time.perf_counter() - started
 
 
 def save_checkpoint(progress: Progress, policy, optimizer, rows: Rows, accelerator) -> None:
@@ -572,6 +578,8 @@ def train(job: TrainingJob) -> dict:
     write_history(job, progress.history)
     return {
         "resumed_from_step": resumed_from if found else 0,
+        "checkpoints_saved": progress.checkpoints_saved,
+        "checkpoint_seconds": progress.checkpoint_seconds,
         **metrics(rows, advantages, sums, counts, found, accelerator.num_processes),
         **sampled,
         "rows_skipped_zero_advantage": skipped,
