@@ -297,6 +297,8 @@ def mirroring_callback(plan: CheckpointPlan):
 
         def on_step_end(self, args, state, control, **kwargs):
             self.step_ended = time.perf_counter()
+            if state.global_step >= state.max_steps:  # the model itself is saved next
+                control.should_save = False
 
         def on_save(self, args, state, control, **kwargs):
             wait_for_every_process()  # each process's RNG file is written
