@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast mutation lint bench bench-kv-cache bench-mcts bench-env bench-train bench-efficacy bench-agent-r1 services deploy worker
+.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast mutation lint bench bench-kv-cache bench-sandbox bench-mcts bench-env bench-train bench-efficacy bench-agent-r1 services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -37,6 +37,7 @@ TEST_JOBS ?= 2
 FAST_TESTS = -m "not slow" -n $(TEST_JOBS) --dist loadfile
 
 test: install
+	$(PY) -m pip check
 	$(PY) -m pytest -q $(FAST_TESTS)
 	$(PY) -m pytest -q -m slow
 
@@ -63,6 +64,10 @@ bench: install
 # The demo's SFT policy (make demo first) under a float32 and an fp8 KV cache, episode by episode
 bench-kv-cache: install
 	$(PY) bench/kv_cache_agreement.py --model-dir runs/eto-textcraft/sft/model
+
+# The python tool's two boxes: latency per call and batch throughput (bench/results-sandbox-latency.md)
+bench-sandbox: install
+	$(PY) bench/sandbox_latency.py
 
 bench-mcts: install
 	$(PY) bench/mcts_restore.py
