@@ -1,0 +1,512 @@
+"""Chaos campaign: the tiny ETO campaign (3 rounds after round 0) on environment servers, with the
+flow, a trainer, vLLM's engine and the servers killed at seeded random moments, resumed each time
+until the campaign is complete; then its store is compared with an undisturbed run's.
+
+    python bench/chaos.py --kills 12 --seed 0 --out bench/results-chaos.md
+
+Both campaigns run in the same folders (the undisturbed store is moved aside once complete), so
+paths written into files are equal. Each campaign run is `python -m flows.eto --campaign
+--config <tiny config>` in a process group of its own; it publishes one round. A kill:
+
+- flow: SIGKILL to the flow's process group (its watchdog must stop what it left);
+- trainer: SIGKILL to a running `training.*` process (the stage fails; the run fails);
+- vllm: SIGKILL to vLLM's engine process (the stage fails; the run fails);
+- server: SIGKILL to one environment server, restarted on its port a moment later (episodes
+  move to the other server or recover on the restarted one; the run goes on).
+
+After every run: no process the run started may still be alive (30 s allowed for its watchdog)
+and no `$TMPDIR/fw-*` folder may be left. What is compared is in `compare_stores`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_NAME = "eto-chaos"
+KINDS = ("flow", "trainer", "vllm", "server")
+CONFIG = """\
+run_name: {run_name}
+model: {{base: tiny}}
+env: {{train_tasks: 4, test_tasks: 3, max_steps: 3, few_shot: 0, servers: {servers}}}
+inference: {{max_tokens: 24, kv_cache_gib: 1}}
+rounds: {rounds}
+sft: {{epochs: 1, batch_size: 2, max_length: 1024}}
+dpo: {{epochs: 1, max_length: 1024}}
+explore: {{shards: 2}}
+"""
+LEFTOVER_WAIT_S = 30  # the watchdog's snapshot, SIGTERM grace and SIGKILL fit in this
+SERVER_DOWN_S = (1.0, 8.0)  # how long a killed environment server stays down
+
+# Fields excluded from the comparison, each for a stated reason (see docs/chaos.md).
+# - `published_at` (every manifest, each campaign round): the wall-clock time of publication.
+# - `flow_run_id` (each campaign round): Prefect's id of the flow run that published the round,
+#   new for every run by design.
+VOLATILE_KEYS = {"published_at", "flow_run_id"}
+
+
+# Comparison -------------------------------------------------------------------------------------
+
+
+def without_volatile(value):
+    """A JSON value with every VOLATILE_KEYS entry removed, at any depth."""
+    if isinstance(value, dict):
+        return {k: without_volatile(v) for k, v in value.items() if k not in VOLATILE_KEYS}
+    if isinstance(value, list):
+        return [without_volatile(v) for v in value]
+    return value
+
+
+def json_differences(expected, found, where: str = "") -> list[str]:
+    """Key paths at which two JSON values differ (`a.b[2].c`)."""
+    if isinstance(expected, dict) and isinstance(found, dict):
+        paths = []
+        for key in sorted(set(expected) | set(found)):
+            inner = f"{where}.{key}" if where else str(key)
+            if key not in expected or key not in found:
+                paths.append(f"{inner} ({'extra' if key not in expected else 'missing'})")
+            else:
+                paths += json_differences(expected[key], found[key], inner)
+        return paths
+    if isinstance(expected, list) and isinstance(found, list) and len(expected) == len(found):
+        return [p for i, (e, f) in enumerate(zip(expected, found, strict=True)) for p in
+                json_differences(e, f, f"{where}[{i}]")]  # fmt: skip
+    return [] if expected == found else [where or "(whole value)"]
+
+
+def is_json_record(name: str) -> bool:
+    """Files compared as JSON with VOLATILE_KEYS removed: manifests, failure records and the
+    campaign's state, the only files the store writes with times or flow-run ids in them."""
+    return name.startswith("_") and name.endswith(".json") or name == "campaign.json"
+
+
+def file_differences(expected: Path, found: Path) -> list[str]:
+    """Why two files differ ([] when equal): JSON records key by key, everything else by bytes
+    (JSON lines line by line, to name the field)."""
+    expected_bytes, found_bytes = expected.read_bytes(), found.read_bytes()
+    if is_json_record(expected.name):
+        return json_differences(
+            without_volatile(json.loads(expected_bytes)), without_volatile(json.loads(found_bytes))
+        )
+    if expected_bytes == found_bytes:
+        return []
+    if expected.suffix == ".jsonl":
+        old, new = expected_bytes.splitlines(), found_bytes.splitlines()
+        if len(old) != len(new):
+            return [f"{len(old)} lines, now {len(new)}"]
+        return [f"line {i + 1}: {p}" for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b
+                for p in json_differences(json.loads(a), json.loads(b))]  # fmt: skip
+    return [f"bytes differ ({len(expected_bytes)} and {len(found_bytes)} bytes)"]
+
+
+def store_files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+def compare_stores(reference: Path, candidate: Path) -> dict[str, list[str]]:
+    """Every file of both stores: relative path -> its differences ([] for none shown)."""
+    expected, found = store_files(reference), store_files(candidate)
+    differences = {name: ["missing"] for name in sorted(expected - found)}
+    differences |= {name: ["extra"] for name in sorted(found - expected)}
+    for name in sorted(expected & found):
+        if problems := file_differences(reference / name, candidate / name):
+            differences[name] = problems
+    return differences
+
+
+# Kill plans -------------------------------------------------------------------------------------
+
+
+@dataclass
+class KillPlan:
+    victim: str  # one of KINDS
+    delay_s: float  # after the trigger: the victim's appearance, or the run's start for `flow`
+
+
+class KillPlanner:
+    """Seeded victims spread evenly over the kinds (each block of len(KINDS) plans holds every
+    kind once, in a seeded order), each with a seeded delay."""
+
+    def __init__(self, seed: int, kinds=KINDS, max_delay_s: dict[str, float] | None = None):
+        self.random = random.Random(seed)
+        self.kinds = list(kinds)
+        self.max_delay_s = {"flow": 90.0, "trainer": 20.0, "vllm": 30.0, "server": 20.0}
+        self.max_delay_s |= max_delay_s or {}
+        self._block: list[str] = []
+
+    def next(self) -> KillPlan:
+        if not self._block:
+            self._block = self.kinds[:]
+            self.random.shuffle(self._block)
+        victim = self._block.pop()
+        return KillPlan(victim, round(self.random.uniform(0, self.max_delay_s[victim]), 1))
+
+
+def describe(process) -> str:
+    import psutil
+
+    try:
+        return f"{process.name()} {' '.join(process.cmdline())}"
+    except psutil.Error:
+        return ""
+
+
+def is_victim(kind: str, description: str) -> bool:
+    """Whether a process (its `name cmdline`) is one a plan of `kind` kills; `flow` and `server`
+    victims are known by pid instead."""
+    if kind == "trainer":
+        return " -m training." in description
+    if kind == "vllm":
+        return "EngineCore" in description.split(" ", 1)[0] or "VLLM::EngineCore" in description
+    return False
+
+
+# Processes --------------------------------------------------------------------------------------
+
+
+class EnvServer:
+    """`python -m envs.serve` on a fixed port, its own process group; restartable."""
+
+    def __init__(self, config: Path, port: int, log: Path, env: dict):
+        self.config, self.port, self.log, self.env = config, port, log, env
+        self.url = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        import httpx
+
+        with open(self.log, "a") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "envs.serve", "--config", str(self.config),
+                 "--port", str(self.port)],
+                cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server on {self.port} exited: see {self.log}")
+            try:
+                httpx.get(self.url + "/", timeout=1).raise_for_status()
+                return
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        raise RuntimeError(f"server on {self.port} never answered")
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass
+class Attempt:
+    """One campaign run (one flow process)."""
+
+    number: int
+    plan: KillPlan | None
+    killed: str = ""  # what was killed, or "" (the run ended first, or no plan)
+    killed_at_s: float | None = None
+    exit_code: int | None = None
+    seconds: float = 0.0
+    rounds_after: int = 0
+    left_processes: list[str] = field(default_factory=list)
+    left_temp: list[str] = field(default_factory=list)
+    watchdog_lines: list[str] = field(default_factory=list)
+
+
+class Campaign:
+    """The campaign's folders and environment; runs until every round is published."""
+
+    def __init__(self, work: Path, rounds: int, servers: list[EnvServer], config: Path):
+        self.work, self.rounds, self.servers, self.config = work, rounds, servers, config
+        self.store = work / "store"
+        self.temp = work / "tmp"  # the flows' TMPDIR: what is left in it was left behind
+        self.temp.mkdir(parents=True, exist_ok=True)
+        self.marker = uuid.uuid4().hex
+        self.env = {
+            **os.environ, "TMPDIR": str(self.temp), "FLYWHEEL_CHAOS": self.marker,
+            "PREFECT_HOME": str(work / "prefect-1"),
+            "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
+        }  # fmt: skip
+        self.attempts: list[Attempt] = []
+        self.prefect_homes = 1
+
+    def rounds_published(self) -> int:
+        state = self.store / RUN_NAME / "campaign.json"
+        return len(json.loads(state.read_text())["rounds"]) if state.exists() else 0
+
+    def complete(self) -> bool:
+        return self.rounds_published() > self.rounds
+
+    def run_once(self, plan: KillPlan | None, log: Path) -> Attempt:
+        import psutil
+
+        attempt = Attempt(len(self.attempts) + 1, plan)
+        started = time.monotonic()
+        with open(log, "a") as out:
+            out.write(f"\n===== attempt {attempt.number}: plan {plan} =====\n")
+            out.flush()
+            flow = subprocess.Popen(
+                [sys.executable, "-m", "flows.eto", "--campaign", "--config", str(self.config),
+                 f"storage_url={self.store}",
+                 f"mlflow_tracking_uri=sqlite:///{self.work / 'mlflow.db'}"],
+                cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        seen: dict[int, float] = {}
+        appeared: float | None = None
+        while flow.poll() is None:
+            try:
+                children = psutil.Process(flow.pid).children(recursive=True)
+            except psutil.Error:
+                children = []
+            for child in children:
+                with contextlib.suppress(psutil.Error):
+                    seen.setdefault(child.pid, child.create_time())
+            if plan and not attempt.killed:
+                now = time.monotonic() - started
+                if plan.victim in ("flow", "server"):
+                    # a server is worth killing while episodes run: while vLLM's engine lives
+                    ready = plan.victim == "flow" or any(
+                        is_victim("vllm", describe(c)) for c in children
+                    )
+                    if ready and appeared is None:
+                        appeared = now
+                    if appeared is not None and now - appeared >= plan.delay_s:
+                        attempt.killed = self.kill(plan.victim, flow)
+                        attempt.killed_at_s = round(now, 1)
+                else:
+                    victims = [c for c in children if is_victim(plan.victim, describe(c))]
+                    if victims and appeared is None:
+                        appeared = now
+                    if victims and now - appeared >= plan.delay_s:
+                        victim = victims[0]
+                        attempt.killed = f"{plan.victim} pid {victim.pid}"
+                        attempt.killed_at_s = round(now, 1)
+                        victim.kill()
+            time.sleep(0.2)
+        attempt.exit_code = flow.returncode
+        attempt.seconds = round(time.monotonic() - started, 1)
+        attempt.left_processes = self.left_behind(seen, flow.pid)
+        attempt.left_temp = sorted(p.name for p in self.temp.glob("fw-*"))
+        attempt.rounds_after = self.rounds_published()
+        text = log.read_text()
+        section = text[text.rfind(f"===== attempt {attempt.number}:") :]
+        attempt.watchdog_lines = [
+            line for line in section.splitlines() if "flywheel watchdog:" in line
+        ]
+        self.attempts.append(attempt)
+        return attempt
+
+    def kill(self, victim: str, flow: subprocess.Popen) -> str:
+        if victim == "flow":
+            os.killpg(flow.pid, signal.SIGKILL)
+            # The campaign slot of a killed run is never given back by Prefect's temporary
+            # server: its leases live in memory and die with it, while the slot stays taken in
+            # its database (docs/chaos.md). The next run gets a Prefect database of its own.
+            self.prefect_homes += 1
+            self.env["PREFECT_HOME"] = str(self.work / f"prefect-{self.prefect_homes}")
+            return f"flow pid {flow.pid} (process group)"
+        server = self.servers[len(self.attempts) % len(self.servers)]
+        server.kill()
+        down = random.Random(len(self.attempts)).uniform(*SERVER_DOWN_S)
+        time.sleep(down)
+        server.start()
+        return f"server :{server.port} (down {down:.1f} s)"
+
+    def left_behind(self, seen: dict[int, float], flow_pid: int) -> list[str]:
+        """Processes of this run still alive after LEFTOVER_WAIT_S: those seen in its tree, and
+        those carrying its marker (started too briefly to be seen); the servers are ours."""
+        import psutil
+
+        ours = {s.process.pid for s in self.servers if s.process}
+        deadline = time.monotonic() + LEFTOVER_WAIT_S
+        while True:
+            left = []
+            for process in psutil.process_iter():
+                try:
+                    if process.pid in ours or process.pid == flow_pid:
+                        continue
+                    started = seen.get(process.pid)
+                    if (started is not None and abs(process.create_time() - started) < 1) or (
+                        process.environ().get("FLYWHEEL_CHAOS") == self.marker
+                    ):
+                        left.append(process)
+                except psutil.Error:
+                    pass
+            left = [p for p in left if not is_zombie(p)]
+            if not left or time.monotonic() > deadline:
+                return [f"{p.pid} {describe(p)[:160]}" for p in left]
+            time.sleep(1)
+
+
+def is_zombie(process) -> bool:
+    """A zombie is dead (its parent has not read its exit yet); one that is gone is too."""
+    import psutil
+
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def run_campaign(campaign: Campaign, planner: KillPlanner | None, kills: int, log: Path,
+                 max_attempts: int) -> None:  # fmt: skip
+    """Runs until every round is published; while kills remain, each run gets a plan."""
+    while not campaign.complete():
+        if len(campaign.attempts) >= max_attempts:
+            raise RuntimeError(f"not complete after {max_attempts} runs; see {log}")
+        done = sum(1 for a in campaign.attempts if a.killed)
+        plan = planner.next() if planner and done < kills else None
+        attempt = campaign.run_once(plan, log)
+        print(
+            f"attempt {attempt.number}: plan {plan}, killed {attempt.killed or '-'} at "
+            f"{attempt.killed_at_s}, exit {attempt.exit_code}, {attempt.seconds} s, rounds "
+            f"{attempt.rounds_after}, left {attempt.left_processes} {attempt.left_temp}",
+            flush=True,
+        )
+        if plan and not attempt.killed and planner:
+            planner._block.append(plan.victim)  # missed (the run ended first): try it again
+
+
+# Main -------------------------------------------------------------------------------------------
+
+
+def free_ports(n: int) -> list[int]:
+    import socket
+
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def results_markdown(args, reference: Campaign, chaos: Campaign,
+                     differences: dict[str, list[str]], files: int, command: str) -> str:  # fmt: skip
+    kills = [a for a in chaos.attempts if a.killed]
+    by_kind = {k: sum(1 for a in kills if a.plan.victim == k) for k in KINDS}
+    survived = sum(1 for a in kills if a.exit_code == 0)
+    left = [a for a in reference.attempts + chaos.attempts if a.left_processes or a.left_temp]
+    lines = [
+        "# Chaos campaign: kills and resumes of the tiny ETO campaign",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}  ",
+        f"Date: {datetime.now(UTC).isoformat(timespec='seconds')}  ",
+        f"Seed {args.seed}, rounds 0..{args.rounds}, 2 environment servers (`envs.serve`).",
+        "",
+        "| | undisturbed | chaos |",
+        "|---|---|---|",
+        f"| campaign runs (flow processes) | {len(reference.attempts)} | {len(chaos.attempts)} |",
+        f"| wall time, s | {sum(a.seconds for a in reference.attempts):.0f} | "
+        f"{sum(a.seconds for a in chaos.attempts):.0f} |",
+        f"| kills | 0 | {len(kills)} ({', '.join(f'{k} {n}' for k, n in by_kind.items())}) |",
+        f"| kills the run survived (exit 0) | - | {survived} |",
+        f"| runs that failed and were resumed | - | "
+        f"{sum(1 for a in chaos.attempts if a.exit_code != 0)} |",
+        f"| runs leaving a process or `$TMPDIR/fw-*` | "
+        f"{sum(1 for a in reference.attempts if a in left)} | "
+        f"{sum(1 for a in chaos.attempts if a in left)} |",
+        f"| 'flywheel watchdog: stopped' lines | "
+        f"{sum(len(a.watchdog_lines) for a in reference.attempts)} | "
+        f"{sum(len(a.watchdog_lines) for a in chaos.attempts)} |",
+        f"| store files compared | {files} | {files} |",
+        f"| files that differ | - | {len(differences)} |",
+        "",
+        "Compared: every file of both stores; `_MANIFEST.json`, `_FAILED.json` and "
+        "`campaign.json` as JSON without `published_at` and `flow_run_id` (wall-clock time, "
+        "Prefect's id of the publishing flow run), every other file byte for byte.",
+        "",
+        "## Runs of the chaos campaign",
+        "",
+        "| run | victim | delay s | killed | at s | exit | s | rounds | left |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for a in chaos.attempts:
+        lines.append(
+            f"| {a.number} | {a.plan.victim if a.plan else '-'} | "
+            f"{a.plan.delay_s if a.plan else '-'} | {a.killed or '-'} | {a.killed_at_s or '-'} "
+            f"| {a.exit_code} | {a.seconds} | {a.rounds_after} | "
+            f"{'; '.join(a.left_processes + a.left_temp) or '-'} |"
+        )
+    lines += ["", "## Differences from the undisturbed store", ""]
+    if not differences:
+        lines.append("None.")
+    for name, problems in differences.items():
+        shown = problems[:6] + ([f"... {len(problems) - 6} more"] if len(problems) > 6 else [])
+        lines.append(f"- `{name}`: {'; '.join(shown)}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kills", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=None, help="default: a new temp folder")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results-chaos.md")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = parser.parse_args(argv)
+    command = "python bench/chaos.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    work = args.work or Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp"))
+    work.mkdir(parents=True, exist_ok=True)
+    ports = free_ports(2)
+    config = work / "config.yaml"
+    servers_yaml = json.dumps([f"http://127.0.0.1:{p}" for p in ports])
+    config.write_text(CONFIG.format(run_name=RUN_NAME, servers=servers_yaml, rounds=args.rounds))
+    server_env = {**os.environ, "TMPDIR": str(work)}
+    servers = [EnvServer(config, p, work / f"server-{p}.log", server_env) for p in ports]
+    try:
+        # Both campaigns in the same folder `run`, so that paths written into files are equal.
+        reference = Campaign(work / "run", args.rounds, servers, config)
+        run_campaign(reference, None, 0, work / "reference.log", max_attempts=args.rounds + 3)
+        (work / "run").rename(work / "reference")
+        chaos = Campaign(work / "run", args.rounds, servers, config)
+        planner = KillPlanner(args.seed)
+        run_campaign(chaos, planner, args.kills, work / "chaos.log",
+                     max_attempts=args.rounds + 3 + 3 * args.kills)  # fmt: skip
+        reference_store = work / "reference" / "store"
+        differences = compare_stores(reference_store, chaos.store)
+        files = len(store_files(reference_store))
+        reference.store = reference_store
+        text = results_markdown(args, reference, chaos, differences, files, command)
+        args.out.write_text(text)
+        print(text)
+    finally:
+        for server in servers:
+            server.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""bench/chaos.py's own logic on hand-made inputs: the store comparison (what is excluded, what
+is named when files differ) and the seeded choice of victims."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import chaos  # noqa: E402
+
+
+def manifest(published_at: str, sha: str = "aa") -> str:
+    return json.dumps(
+        {"stage": "dpo", "published_at": published_at,
+         "checksums": {"model/model.safetensors": {"size": 3, "sha256": sha}}}
+    )  # fmt: skip
+
+
+def campaign(published_at: str, flow_run_id: str, policy: str = "p") -> str:
+    evaluation = ["sft", {"stage": "evaluate", "published_at": published_at, "metrics": {"s": 1}}]
+    return json.dumps(
+        {"name": "c", "rounds": [{"round": 0, "policy": policy, "flow_run_id": flow_run_id,
+                                  "published_at": published_at, "evaluations": [evaluation]}]}
+    )  # fmt: skip
+
+
+def write(root: Path, files: dict[str, str | bytes]) -> Path:
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return root
+
+
+def store(root: Path, **changes) -> Path:
+    files = {
+        "run/dpo/_MANIFEST.json": manifest("2026-01-01T00:00:00"),
+        "run/dpo/model/model.safetensors": b"\x00\x01\x02",
+        "run/campaign.json": campaign("2026-01-01T00:00:00", "id-1"),
+        "run/explore/trajectories.jsonl": '{"task_id": "a", "recoveries": 0}\n'
+        '{"task_id": "b", "recoveries": 0}\n',
+    }
+    return write(root, {**files, **changes})
+
+
+def test_stores_that_differ_only_in_publication_times_and_flow_run_ids_are_equal(tmp_path):
+    reference = store(tmp_path / "a")
+    candidate = store(
+        tmp_path / "b",
+        **{"run/dpo/_MANIFEST.json": manifest("2027-05-05T10:00:00"),
+           "run/campaign.json": campaign("2027-05-05T10:00:00", "id-2")},
+    )  # fmt: skip
+    assert chaos.compare_stores(reference, candidate) == {}
+
+
+def test_a_changed_weight_file_and_its_checksum_are_named(tmp_path):
+    reference = store(tmp_path / "a")
+    candidate = store(
+        tmp_path / "b",
+        **{"run/dpo/model/model.safetensors": b"\x00\x01\x03",
+           "run/dpo/_MANIFEST.json": manifest("2026-01-01T00:00:00", sha="bb")},
+    )  # fmt: skip
+    assert chaos.compare_stores(reference, candidate) == {
+        "run/dpo/_MANIFEST.json": ["checksums.model/model.safetensors.sha256"],
+        "run/dpo/model/model.safetensors": ["bytes differ (3 and 3 bytes)"],
+    }
+
+
+def test_a_trajectory_field_a_policy_and_missing_or_extra_files_are_named(tmp_path):
+    reference = store(tmp_path / "a")
+    candidate = store(
+        tmp_path / "b",
+        **{"run/explore/trajectories.jsonl": '{"task_id": "a", "recoveries": 0}\n'
+           '{"task_id": "b", "recoveries": 1}\n',
+           "run/campaign.json": campaign("2026-01-01T00:00:00", "id-1", policy="q"),
+           "run/dpo/optimizer.pt": b"left"},
+    )  # fmt: skip
+    (candidate / "run/dpo/model/model.safetensors").unlink()
+    assert chaos.compare_stores(reference, candidate) == {
+        "run/campaign.json": ["rounds[0].policy"],
+        "run/dpo/model/model.safetensors": ["missing"],
+        "run/dpo/optimizer.pt": ["extra"],
+        "run/explore/trajectories.jsonl": ["line 2: recoveries"],
+    }
+
+
+def test_victims_are_spread_over_every_kind_and_seeded():
+    planner = chaos.KillPlanner(seed=3)
+    plans = [planner.next() for _ in range(12)]
+    for block in range(3):
+        assert sorted(p.victim for p in plans[4 * block : 4 * block + 4]) == sorted(chaos.KINDS)
+    again = chaos.KillPlanner(seed=3)
+    assert [again.next() for _ in range(12)] == plans
+    other = chaos.KillPlanner(seed=4)
+    assert [other.next() for _ in range(12)] != plans
+    limits = {"flow": 90.0, "trainer": 20.0, "vllm": 30.0, "server": 20.0}
+    assert all(0 <= p.delay_s <= limits[p.victim] for p in plans)
+
+
+def test_trainers_and_vllm_engines_are_told_from_other_processes():
+    trainer = "python3 /work/.venv/bin/python -m training.dpo --config /tmp/fw-x/job.json"
+    engine = "VLLM::EngineCore "
+    flow = "python -m flows.eto --campaign --config training.yaml"  # a name, not a trainer
+    watchdog = "python -m flywheel.watchdog 1234"
+    assert [chaos.is_victim("trainer", d) for d in (trainer, engine, flow, watchdog)] == [
+        True, False, False, False,
+    ]  # fmt: skip
+    assert [chaos.is_victim("vllm", d) for d in (trainer, engine, flow, watchdog)] == [
+        False, True, False, False,
+    ]  # fmt: skip
