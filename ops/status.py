@@ -112,11 +112,8 @@ def upstream_changes(found: Manifest, now: dict[str, str], remade: dict[str, str
     re-runs first (`remade`: URL -> the folder of the stage that re-makes it)."""
     changes = []
     for url in sorted(set(found.upstream) | set(now)):
-        if url in remade:
-            changes.append(
-                f"upstream {url} is re-made first by the stage at {remade[url]} (this stage "
-                "re-runs unless the new output is byte-identical)"
-            )
+        if url in remade:  # re-runs unless that stage writes the same bytes again
+            changes.append(f"upstream {url}: the stage at {remade[url]} re-runs first")
         elif url not in found.upstream:
             changes.append(f"upstream {url}: newly read")
         elif url not in now:
@@ -301,7 +298,7 @@ def render(statuses: list[StageStatus], run_url: str) -> str:
     for s in statuses:
         where = s.url[len(run_url) + 1 :] if s.url.startswith(run_url + "/") else s.url
         lines.append(f"{s.state:<13} {s.stage:<20} {where}")
-        lines += [f"{'':<14}- {reason}" for reason in s.reasons]
+        lines += [f"{'':<14}- {reason.replace(run_url + '/', '')}" for reason in s.reasons]
     counts = {state: sum(s.state == state for s in statuses) for state in State.__args__}
     lines.append(", ".join(f"{n} {state}" for state, n in counts.items() if n) or "no stages")
     return "\n".join(lines)

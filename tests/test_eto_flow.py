@@ -167,7 +167,9 @@ def test_status_named_the_changed_setting_before_the_run(runs):
     assert rerun == {"round-1/dpo", "evaluate/eto-round-1"}
     assert found["round-1/dpo"].reasons == ["setting settings.beta: 0.1 → 0.5"]
     [why] = found["evaluate/eto-round-1"].reasons
-    assert "round-1/dpo/model is re-made first" in why
+    assert why.endswith(
+        "round-1/dpo/model: the stage at s3://flywheel/runs/eto-tiny/round-1/dpo re-runs first"
+    )
     assert len(found) == 10  # base model, expert, sft, 2 shards, pairs, dpo, 3 evaluations
 
 

@@ -114,7 +114,14 @@ def test_a_changed_setting_is_named_and_everything_downstream_re_runs(finished):
     assert states(statuses) == dict.fromkeys(ALL, "would re-run")
     assert reasons(statuses, "make") == ['setting text: "a" → "b"']
     [why] = reasons(statuses, "sft")
-    assert why.startswith(f"upstream {store.root}/toy/make/out.txt is re-made first by the stage")
+    assert (
+        why == f"upstream {store.root}/toy/make/out.txt: the stage at {store.root}/toy/make "
+        "re-runs first"
+    )
+    # Shown relative to the run's folder.
+    assert "- upstream make/out.txt: the stage at make re-runs first\n" in render(
+        statuses, store.url("toy")
+    )
 
 
 def test_a_setting_of_later_rounds_keeps_round_0_cached(finished):
