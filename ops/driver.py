@@ -21,7 +21,7 @@ from ops.campaign import new_round, run_campaign
 from ops.runner import recipe_config, run_tracked
 from tasks.evaluate import EvaluateInputs, evaluate_stage
 from tasks.expert_data import ExpertDataInputs, expert_data_stage
-from tasks.prepare_model import PrepareModelInputs, model_stage_url, prepare_model_stage
+from tasks.prepare_model import model_stage_url, prepare_model_inputs, prepare_model_stage
 from tasks.report import report_stage
 from tasks.sft import SFTInputs, sft_stage
 
@@ -96,7 +96,7 @@ class Recipe:
             store_url=self.store.root, url=model_stage_url(self.store, base), label=base,
             tracking=self.tracking,
         )  # fmt: skip
-        return prepare_model_stage(PrepareModelInputs(base=base), out)
+        return prepare_model_stage(prepare_model_inputs(self.cfg.model), out)
 
     def expert_trajectories(self) -> Manifest:
         """The expert's trajectories on the train tasks (or those of `expert_file`)."""

@@ -33,6 +33,9 @@ def preflight(cfg) -> ArtifactStore:
     check_mlflow(cfg)
     check_trainer_settings(cfg)
     check_task_lists(cfg)
+    from agents.chat_template import check_model
+
+    check_model(cfg.model, cfg.env)  # a Hub id resolves (downloads) now; its template renders
     make_task_runner(cfg)  # a missing prefect-dask / prefect-ray is named now, not mid-run
     return store
 
