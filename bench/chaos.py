@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -145,7 +145,7 @@ class KillPlanner:
     def __init__(self, seed: int, kinds=KINDS, max_delay_s: dict[str, float] | None = None):
         self.random = random.Random(seed)
         self.kinds = list(kinds)
-        self.max_delay_s = {"flow": 90.0, "trainer": 20.0, "vllm": 30.0, "server": 20.0}
+        self.max_delay_s = {"flow": 60.0, "trainer": 10.0, "vllm": 15.0, "server": 10.0}
         self.max_delay_s |= max_delay_s or {}
         self._block: list[str] = []
 
@@ -376,7 +376,7 @@ def is_zombie(process) -> bool:
 
 
 def run_campaign(campaign: Campaign, planner: KillPlanner | None, kills: int, log: Path,
-                 max_attempts: int) -> None:  # fmt: skip
+                 max_attempts: int, after_each=lambda: None) -> None:  # fmt: skip
     """Runs until every round is published; while kills remain, each run gets a plan."""
     while not campaign.complete():
         if len(campaign.attempts) >= max_attempts:
@@ -392,6 +392,7 @@ def run_campaign(campaign: Campaign, planner: KillPlanner | None, kills: int, lo
         )
         if plan and not attempt.killed and planner:
             planner._block.append(plan.victim)  # missed (the run ended first): try it again
+        after_each()
 
 
 # Main -------------------------------------------------------------------------------------------
@@ -409,12 +410,13 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def results_markdown(args, reference: Campaign, chaos: Campaign,
-                     differences: dict[str, list[str]], files: int, command: str) -> str:  # fmt: skip
+def results_markdown(args, reference: list[Attempt], chaos: Campaign,
+                     differences: dict[str, list[str]] | None, files: int, command: str) -> str:  # fmt: skip
+    """The results file; `differences` None while the chaos campaign still runs."""
     kills = [a for a in chaos.attempts if a.killed]
     by_kind = {k: sum(1 for a in kills if a.plan.victim == k) for k in KINDS}
     survived = sum(1 for a in kills if a.exit_code == 0)
-    left = [a for a in reference.attempts + chaos.attempts if a.left_processes or a.left_temp]
+    left = [a for a in reference + chaos.attempts if a.left_processes or a.left_temp]
     lines = [
         "# Chaos campaign: kills and resumes of the tiny ETO campaign",
         "",
@@ -425,21 +427,22 @@ def results_markdown(args, reference: Campaign, chaos: Campaign,
         "",
         "| | undisturbed | chaos |",
         "|---|---|---|",
-        f"| campaign runs (flow processes) | {len(reference.attempts)} | {len(chaos.attempts)} |",
-        f"| wall time, s | {sum(a.seconds for a in reference.attempts):.0f} | "
+        f"| campaign runs (flow processes) | {len(reference)} | {len(chaos.attempts)} |",
+        f"| wall time, s | {sum(a.seconds for a in reference):.0f} | "
         f"{sum(a.seconds for a in chaos.attempts):.0f} |",
         f"| kills | 0 | {len(kills)} ({', '.join(f'{k} {n}' for k, n in by_kind.items())}) |",
         f"| kills the run survived (exit 0) | - | {survived} |",
         f"| runs that failed and were resumed | - | "
         f"{sum(1 for a in chaos.attempts if a.exit_code != 0)} |",
         f"| runs leaving a process or `$TMPDIR/fw-*` | "
-        f"{sum(1 for a in reference.attempts if a in left)} | "
+        f"{sum(1 for a in reference if a in left)} | "
         f"{sum(1 for a in chaos.attempts if a in left)} |",
         f"| 'flywheel watchdog: stopped' lines | "
-        f"{sum(len(a.watchdog_lines) for a in reference.attempts)} | "
+        f"{sum(len(a.watchdog_lines) for a in reference)} | "
         f"{sum(len(a.watchdog_lines) for a in chaos.attempts)} |",
         f"| store files compared | {files} | {files} |",
-        f"| files that differ | - | {len(differences)} |",
+        f"| files that differ | - | "
+        f"{'not compared yet' if differences is None else len(differences)} |",
         "",
         "Compared: every file of both stores; `_MANIFEST.json`, `_FAILED.json` and "
         "`campaign.json` as JSON without `published_at` and `flow_run_id` (wall-clock time, "
@@ -458,9 +461,11 @@ def results_markdown(args, reference: Campaign, chaos: Campaign,
             f"{'; '.join(a.left_processes + a.left_temp) or '-'} |"
         )
     lines += ["", "## Differences from the undisturbed store", ""]
-    if not differences:
+    if differences is None:
+        lines.append("Not compared yet: the chaos campaign is still running.")
+    elif not differences:
         lines.append("None.")
-    for name, problems in differences.items():
+    for name, problems in (differences or {}).items():
         shown = problems[:6] + ([f"... {len(problems) - 6} more"] if len(problems) > 6 else [])
         lines.append(f"- `{name}`: {'; '.join(shown)}")
     return "\n".join(lines) + "\n"
@@ -474,6 +479,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="default: a new temp folder")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results-chaos.md")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument(
+        "--phase", choices=["both", "reference", "chaos"], default="both",
+        help="'reference' runs the undisturbed campaign alone (into WORK/reference); 'chaos' "
+        "compares with --reference-work's. Both must see their work folder at the same path "
+        "(paths are part of stage keys): run them side by side in private mount namespaces",
+    )  # fmt: skip
+    parser.add_argument("--reference-work", type=Path, help="with --phase chaos")
     args = parser.parse_args(argv)
     command = "python bench/chaos.py " + " ".join(argv if argv is not None else sys.argv[1:])
     work = args.work or Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp"))
@@ -484,22 +496,40 @@ def main(argv: list[str] | None = None) -> int:
     config.write_text(CONFIG.format(run_name=RUN_NAME, servers=servers_yaml, rounds=args.rounds))
     server_env = {**os.environ, "TMPDIR": str(work)}
     servers = [EnvServer(config, p, work / f"server-{p}.log", server_env) for p in ports]
+    reference_work = args.reference_work or work
     try:
         # Both campaigns in the same folder `run`, so that paths written into files are equal.
-        reference = Campaign(work / "run", args.rounds, servers, config)
-        run_campaign(reference, None, 0, work / "reference.log", max_attempts=args.rounds + 3)
-        (work / "run").rename(work / "reference")
+        if args.phase in ("both", "reference"):
+            reference = Campaign(work / "run", args.rounds, servers, config)
+            run_campaign(reference, None, 0, work / "reference.log", max_attempts=args.rounds + 3)
+            (work / "run" / "attempts.json").write_text(
+                json.dumps([asdict(a) for a in reference.attempts], indent=1)
+            )
+            (work / "run").rename(work / "reference")
+            if args.phase == "reference":
+                return 0
         chaos = Campaign(work / "run", args.rounds, servers, config)
         planner = KillPlanner(args.seed)
+
+        reference_done = reference_work / "reference" / "attempts.json"
+
+        def write_results(differences=None, files=0):
+            done = json.loads(reference_done.read_text()) if reference_done.exists() else []
+            args.out.write_text(
+                results_markdown(args, [Attempt(**a) for a in done], chaos, differences, files,
+                                 command)
+            )  # fmt: skip
+
         run_campaign(chaos, planner, args.kills, work / "chaos.log",
-                     max_attempts=args.rounds + 3 + 3 * args.kills)  # fmt: skip
-        reference_store = work / "reference" / "store"
-        differences = compare_stores(reference_store, chaos.store)
-        files = len(store_files(reference_store))
-        reference.store = reference_store
-        text = results_markdown(args, reference, chaos, differences, files, command)
-        args.out.write_text(text)
-        print(text)
+                     max_attempts=args.rounds + 3 + 3 * args.kills,
+                     after_each=write_results)  # fmt: skip
+        while not reference_done.exists():  # the reference may run beside this one
+            time.sleep(10)
+        reference_store = reference_work / "reference" / "store"
+        write_results(
+            compare_stores(reference_store, chaos.store), len(store_files(reference_store))
+        )
+        print(args.out.read_text())
     finally:
         for server in servers:
             server.stop()

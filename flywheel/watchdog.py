@@ -119,6 +119,7 @@ def stop_leftovers(known: dict[int, float]) -> None:
             process = psutil.Process(pid)
             if abs(process.create_time() - started) < 1.0 and process.pid != os.getpid():
                 alive.append(process)
+    names = [described(process) for process in alive]  # before they are gone
     for process in alive:
         with contextlib.suppress(psutil.Error):
             process.send_signal(signal.SIGTERM)
@@ -127,7 +128,20 @@ def stop_leftovers(known: dict[int, float]) -> None:
         with contextlib.suppress(psutil.Error):
             process.kill()
     if alive:
-        print(f"flywheel watchdog: stopped {len(alive)} processes the flow left", file=sys.stderr)
+        print(
+            f"flywheel watchdog: stopped {len(alive)} processes the flow left: " + "; ".join(names),
+            file=sys.stderr,
+        )
+
+
+def described(process) -> str:
+    """`pid name cmdline` (shortened), or the pid alone once it is gone."""
+    import psutil
+
+    try:
+        return f"{process.pid} {process.name()} {' '.join(process.cmdline())[:120]}"
+    except psutil.Error:
+        return str(process.pid)
 
 
 def kill_open_runs(open_runs: dict[str, str]) -> None:

@@ -68,3 +68,27 @@ def flow_process():
         else:
             os.environ["TMPDIR"] = previous_env
         shutil.rmtree(temp_root, ignore_errors=True)
+        stop_resource_tracker()
+
+
+# How long a clean exit waits for multiprocessing's resource tracker to end.
+RESOURCE_TRACKER_STOP_S = 5.0
+
+
+def stop_resource_tracker() -> None:
+    """End multiprocessing's resource tracker (a process started by vLLM and torch for their
+    semaphores) now, on the way out. Left alone it ends only when this process has exited and
+    closed its pipe, a moment too late: the watchdog then finds it running and stops it, and
+    every clean run ended with "flywheel watchdog: stopped 1 processes the flow left". Stopping
+    it here lets it unlink what it tracks and end first. In a thread with a time limit: a
+    process still holding the tracker's pipe (a child that outlived the flow) would keep it,
+    and the wait for it, alive; the watchdog stops both then."""
+    import threading
+    from multiprocessing import resource_tracker
+
+    tracker = resource_tracker._resource_tracker  # the process's own; no public handle exists
+    if tracker._fd is None:  # never started, or already stopped
+        return
+    stopping = threading.Thread(target=tracker._stop, daemon=True)
+    stopping.start()
+    stopping.join(RESOURCE_TRACKER_STOP_S)
