@@ -58,6 +58,15 @@ SERVER_DOWN_S = (1.0, 8.0)  # how long a killed environment server stays down
 # - `flow_run_id` (each campaign round): Prefect's id of the flow run that published the round,
 #   new for every run by design.
 VOLATILE_KEYS = {"published_at", "flow_run_id"}
+# Wall-clock measurements the store keeps: they differ between any two runs, undisturbed ones
+# too, so differences in them are listed apart from the others (never hidden): a trainer's log
+# (`train.log`: progress bars with rates, trl's runtime summary), its checksum in the manifest,
+# and the timing metrics of a training stage's manifest.
+TIMING_FILES = {"train.log"}
+TIMING_PATHS = (
+    "metrics.train_runtime", "metrics.train_samples_per_second",
+    "metrics.train_steps_per_second", "metrics.checkpoint_seconds", "checksums.train.log.",
+)  # fmt: skip
 
 
 # Comparison -------------------------------------------------------------------------------------
@@ -127,6 +136,23 @@ def compare_stores(reference: Path, candidate: Path) -> dict[str, list[str]]:
         if problems := file_differences(reference / name, candidate / name):
             differences[name] = problems
     return differences
+
+
+def split_timing(differences: dict[str, list[str]]) -> tuple[dict, dict]:
+    """(timing, other): the differences in wall-clock measurements (TIMING_FILES, TIMING_PATHS)
+    and all the others, file by file."""
+    timing, other = {}, {}
+    for name, problems in differences.items():
+        if name.rsplit("/", 1)[-1] in TIMING_FILES and problems not in (["missing"], ["extra"]):
+            timing[name] = problems
+            continue
+        timed = [p for p in problems if p.startswith(TIMING_PATHS)]
+        rest = [p for p in problems if p not in timed]
+        if timed:
+            timing[name] = timed
+        if rest:
+            other[name] = rest
+    return timing, other
 
 
 # Kill plans -------------------------------------------------------------------------------------
@@ -410,6 +436,13 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def compared(differences: dict[str, list[str]] | None) -> str:
+    if differences is None:
+        return "not compared yet"
+    timing, other = split_timing(differences)
+    return f"{len(other)}, {len(timing)}"
+
+
 def results_markdown(args, reference: list[Attempt], chaos: Campaign,
                      differences: dict[str, list[str]] | None, files: int, command: str) -> str:  # fmt: skip
     """The results file; `differences` None while the chaos campaign still runs."""
@@ -441,8 +474,7 @@ def results_markdown(args, reference: list[Attempt], chaos: Campaign,
         f"{sum(len(a.watchdog_lines) for a in reference)} | "
         f"{sum(len(a.watchdog_lines) for a in chaos.attempts)} |",
         f"| store files compared | {files} | {files} |",
-        f"| files that differ | - | "
-        f"{'not compared yet' if differences is None else len(differences)} |",
+        f"| files that differ: in anything but timing, in timing | - | {compared(differences)} |",
         "",
         "Compared: every file of both stores; `_MANIFEST.json`, `_FAILED.json` and "
         "`campaign.json` as JSON without `published_at` and `flow_run_id` (wall-clock time, "
@@ -463,12 +495,16 @@ def results_markdown(args, reference: list[Attempt], chaos: Campaign,
     lines += ["", "## Differences from the undisturbed store", ""]
     if differences is None:
         lines.append("Not compared yet: the chaos campaign is still running.")
-    elif not differences:
-        lines.append("None.")
-    for name, problems in (differences or {}).items():
-        shown = problems[:6] + ([f"... {len(problems) - 6} more"] if len(problems) > 6 else [])
-        lines.append(f"- `{name}`: {'; '.join(shown)}")
-    return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n"
+    timing, other = split_timing(differences)
+    for title, found in (("Other than timing", other), ("In wall-clock timing only", timing)):
+        lines += [f"{title} ({len(found)} files):", ""]
+        for name, problems in found.items():
+            shown = problems[:6] + ([f"... {len(problems) - 6} more"] if len(problems) > 6 else [])
+            lines.append(f"- `{name}`: {'; '.join(shown)}")
+        lines += ["None."] if not found else []
+        lines.append("")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -528,6 +564,9 @@ def main(argv: list[str] | None = None) -> int:
         reference_store = reference_work / "reference" / "store"
         write_results(
             compare_stores(reference_store, chaos.store), len(store_files(reference_store))
+        )
+        (work / "run" / "attempts.json").write_text(
+            json.dumps([asdict(a) for a in chaos.attempts], indent=1)
         )
         print(args.out.read_text())
     finally:

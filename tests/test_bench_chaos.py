@@ -109,3 +109,19 @@ def test_trainers_and_vllm_engines_are_told_from_other_processes():
     assert [chaos.is_victim("vllm", d) for d in (trainer, engine, flow, watchdog)] == [
         False, True, False, False,
     ]  # fmt: skip
+
+
+def test_differences_in_wall_clock_timing_are_listed_apart_from_the_others():
+    differences = {
+        "run/sft/train.log": ["bytes differ (10 and 11 bytes)"],
+        "run/sft/_MANIFEST.json": [
+            "checksums.train.log.sha256", "metrics.train_runtime", "metrics.resumed_from_step",
+        ],
+        "run/dpo/train.log": ["missing"],
+    }  # fmt: skip
+    assert chaos.split_timing(differences) == (
+        {"run/sft/train.log": ["bytes differ (10 and 11 bytes)"],
+         "run/sft/_MANIFEST.json": ["checksums.train.log.sha256", "metrics.train_runtime"]},
+        {"run/sft/_MANIFEST.json": ["metrics.resumed_from_step"],
+         "run/dpo/train.log": ["missing"]},
+    )  # fmt: skip
