@@ -1,0 +1,367 @@
+"""GPU checklist: the CUDA path measured in one go, measured beside predicted (bench/sizing.py).
+
+Run it first on any machine with a GPU (`make gpu-checklist`); it needs no network. In order,
+each step a process of its own with its own timeout, so one failure does not stop the rest:
+
+1. `bandwidth`: device-to-device copy of a 2 GiB tensor, bytes read + written / seconds: the
+   memory bandwidth the decode bound divides by (and a bf16 matmul: the FLOP/s bound).
+2. `build-model`: a SmolLM2-1.7B-shaped Llama (1.7B parameters, the built-in model's tokenizer
+   and vocabulary) with random weights in bf16: time and memory do not depend on the weights.
+3. `rollout`: bench/rollout_throughput.py with vLLM on CUDA: generated tokens/s against the
+   decode bound at the measured bandwidth (weights and KV bytes read per step).
+4. `sft`, `dpo`: bench/train_throughput.py, full fine-tuning in bf16, no layer frozen: step time,
+   trained tokens/s, peak GPU memory (nvidia-smi, sampled every 0.5 s).
+5. `sft-lora`, `dpo-lora`: the same with LoRA, skipped with a note until peft and `sft.lora`
+   exist.
+6. `zero2`, `zero3`: ETO's SFT on every visible GPU under configs/accelerate/zero2|3.yaml.
+7. `rl`: one Agent-R1 round (samples, RL update, evaluation) on the built model.
+8. `eto-round`: one whole ETO round at the GPU budget (bench/efficacy.py --gpu, one seed).
+
+`--dry-run` (CI, no GPU): builds every command, parses every config and override the steps
+use (the recipes' configs, configs/accelerate/*.yaml), constructs the model's config, computes
+the predicted numbers, and launches nothing.
+
+    python bench/gpu_checklist.py                      # writes bench/results-gpu-checklist.md
+    python bench/gpu_checklist.py --dry-run --out /tmp/checklist.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from sizing import (  # noqa: E402
+    H100,
+    Hardware,
+    Shape,
+    decode_bound,
+    train_seconds,
+    training_flops,
+    training_memory,
+)
+
+PY = sys.executable
+# SmolLM2-1.7B-Instruct's config.json: the built-in tokenizer's vocabulary fits it as is.
+MODEL_SHAPE = Shape("SmolLM2-1.7B-like", 2048, 8192, 24, 32, 32, 64, 49152)
+ROLLOUT_EPISODES, ROLLOUT_CONTEXT = 64, 1000
+TRAIN_TOKENS = {"sft": (8_032, 2_075), "dpo": (7_745, 2_164)}  # the train bench's rows, 16 / 8
+ACCELERATE = ("zero2", "zero3")
+
+
+@dataclass
+class Step:
+    name: str
+    command: list[str]
+    timeout_s: int
+    predicted: str = ""
+    skip: str = ""  # why it does not run here
+    status: str = "not run"
+    seconds: float = 0.0
+    peak_gpu_gb: float | None = None
+    measured: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def flow_overrides(store: Path, model_dir: Path, name: str) -> list[str]:
+    return [f"storage_url={store}", f"run_name={name}", f"model.base={model_dir}"]
+
+
+def gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+def lora_missing() -> str:
+    """Why LoRA cannot run here yet, or ''."""
+    from flywheel.settings import SFTSettings
+
+    if importlib.util.find_spec("peft") is None:
+        return "peft is not installed"
+    if "lora" not in SFTSettings.model_fields:
+        return "no sft.lora setting yet (issue 37, item 2)"
+    return ""
+
+
+def plan(work: Path, model_dir: Path, gpus: int, hardware: Hardware) -> list[Step]:
+    """Every step's command and its prediction (from `hardware`: measured when known)."""
+    me = [PY, str(Path(__file__).resolve())]
+    shape = MODEL_SHAPE
+    steps = [
+        Step("bandwidth", [*me, "--internal", "bandwidth"], 120,
+             f"{H100.bandwidth / 1e12:.2f} TB/s, {H100.flops / 1e12:.0f} TFLOP/s (H100 SXM sheet)"),
+        Step("build-model", [*me, "--internal", "build-model", str(model_dir)], 600,
+             f"{shape.parameters / 1e9:.2f}B parameters, {shape.parameters * 2 / 1e9:.1f} GB bf16"),
+    ]  # fmt: skip
+    bound = decode_bound(shape, hardware, ROLLOUT_EPISODES, ROLLOUT_CONTEXT)
+    steps.append(Step(
+        "rollout",
+        [PY, "bench/rollout_throughput.py", "--model-dir", str(model_dir),
+         "--episodes", str(ROLLOUT_EPISODES), "--max-steps", "6", "--max-tokens", "48",
+         "--json", str(work / "rollout.json")],
+        900, f"decode bound {bound:,.0f} generated tok/s at batch {ROLLOUT_EPISODES}, context "
+        f"{ROLLOUT_CONTEXT} ({hardware.bandwidth / 1e12:.2f} TB/s)",
+    ))  # fmt: skip
+    missing = lora_missing()
+    for lora in (False, True):
+        for trainer in ("sft", "dpo"):
+            tokens, projected = TRAIN_TOKENS[trainer]
+            flops = training_flops(shape, tokens, projected, lora=lora)
+            flops += shape.flops_per_token * tokens if trainer == "dpo" else 0
+            seconds = train_seconds(flops, hardware.flops, 0.4)
+            memory = training_memory(shape, 1, 0, lora, 1024, 256).total / 1e9
+            command = [PY, "bench/train_throughput.py", "--model-dir", str(model_dir),
+                       "--tasks", "16", "--pairs", "8", "--frozen-layers", "0",
+                       "--variants", trainer]  # fmt: skip
+            steps.append(Step(
+                f"{trainer}-lora" if lora else trainer, command, 900,
+                f"{tokens / seconds:,.0f} trained tok/s at 40% of the matmul bound, "
+                f"~{memory:.0f} GB",
+                skip=missing if lora else "",
+            ))  # fmt: skip
+    store = work / "runs"
+    for config in ACCELERATE:
+        overrides = flow_overrides(store, model_dir, f"gpu-{config}") + [
+            "rounds=0", f"sft.accelerate_config={config}", f"sft.num_processes={max(gpus, 1)}",
+            "sft.frozen_layers=0", "env.test_tasks=4",
+        ]  # fmt: skip
+        memory = training_memory(shape, max(gpus, 1), int(config[-1]), False, 1024, 256)
+        steps.append(Step(
+            config, [PY, "-m", "flows.eto", "--config", "configs/eto_textcraft.yaml", *overrides],
+            1200, f"{memory.total / 1e9:.1f} GB a GPU on {max(gpus, 1)} GPU(s)",
+            skip="" if gpus >= 1 else "no GPU",
+        ))  # fmt: skip
+    rl = flow_overrides(store, model_dir, "gpu-rl") + [
+        "rounds=1", "sft.frozen_layers=0", "rl.frozen_layers=0",
+    ]  # fmt: skip
+    steps.append(Step("rl", [PY, "-m", "flows.agent_r1", "--config",
+                             "configs/agent_r1_qa.yaml", *rl], 1800, "see docs/sizing.md"))  # fmt: skip
+    steps.append(Step(
+        "eto-round",
+        [PY, "bench/efficacy.py", "--gpu", "--seeds", "0", "--recipes", "eto", "--rounds", "1",
+         "--store", str(work / "runs-efficacy"), "--out", str(work / "efficacy.md"),
+         "--set", f"model.base={model_dir}"],
+        3600, "docs/sizing.md: ETO round rows",
+    ))  # fmt: skip
+    return steps
+
+
+# --- checks without launching ------------------------------------------------------------------
+
+
+def check_configs(steps: list[Step], model_dir: Path) -> list[str]:
+    """Parse every config and override the flow steps use; a problem raises."""
+    import yaml
+
+    from flywheel.settings import AgentR1Config, ETOConfig, accelerate_config_file, load_config
+
+    checked = []
+    for name in ACCELERATE:
+        data = yaml.safe_load(Path(accelerate_config_file(name)).read_text())
+        assert data["deepspeed_config"]["zero_stage"] == int(name[-1]), name
+        checked.append(f"configs/accelerate/{name}.yaml (zero_stage {name[-1]})")
+    for step in steps:
+        if "--config" not in step.command:
+            continue
+        at = step.command.index("--config")
+        config, overrides = step.command[at + 1], step.command[at + 2 :]
+        model = AgentR1Config if "agent_r1" in config else ETOConfig
+        load_config(model, str(ROOT / config), overrides)
+        checked.append(f"{config} + {len(overrides)} overrides ({step.name})")
+    return checked
+
+
+def model_config() -> dict:
+    """config.json of the checklist's model, as transformers' LlamaConfig reads it (written
+    without importing transformers, so a dry run stays fast)."""
+    shape = MODEL_SHAPE
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": shape.vocab, "hidden_size": shape.hidden,
+        "intermediate_size": shape.intermediate, "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim, "max_position_embeddings": 8192, "hidden_act": "silu",
+        "rms_norm_eps": 1e-5, "rope_theta": 130000.0, "tie_word_embeddings": shape.tied,
+        "bos_token_id": 1, "eos_token_id": 2, "dtype": "bfloat16",
+    }  # fmt: skip
+
+
+def write_model_config(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(model_config(), indent=2) + "\n")
+
+
+# --- internal steps (run as processes of their own) --------------------------------------------
+
+
+def measure_bandwidth() -> dict:
+    import torch
+
+    source = torch.empty(2**30, dtype=torch.float16, device="cuda")  # 2 GiB
+    target = torch.empty_like(source)
+    target.copy_(source)
+    torch.cuda.synchronize()
+    repeats, started = 20, time.perf_counter()
+    for _ in range(repeats):
+        target.copy_(source)
+    torch.cuda.synchronize()
+    bandwidth = 2 * source.numel() * 2 * repeats / (time.perf_counter() - started)
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    a @ a
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    torch.cuda.synchronize()
+    flops = 2 * 8192**3 * 10 / (time.perf_counter() - started)
+    name = torch.cuda.get_device_name()
+    memory = torch.cuda.get_device_properties(0).total_memory
+    return {"bandwidth": bandwidth, "flops": flops, "device": name, "memory": memory}
+
+
+def build_model(folder: Path) -> None:
+    import torch
+    import transformers
+
+    from flywheel.model import convert_base_model
+
+    cache = Path(os.environ.get("FLYWHEEL_CACHE", "~/.cache/flywheel")).expanduser()
+    base = convert_base_model(cache / "models" / "smollm2-135m")
+    config = transformers.LlamaConfig(**model_config())
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.generation_config = transformers.GenerationConfig.from_pretrained(base)
+    model.save_pretrained(folder, safe_serialization=True)
+    transformers.AutoTokenizer.from_pretrained(base).save_pretrained(folder)
+
+
+# --- running -----------------------------------------------------------------------------------
+
+
+def peak_memory_gb(stop: threading.Event, peak: list[float]) -> None:
+    while not stop.wait(0.5):
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                capture_output=True, text=True, timeout=5,
+            ).stdout  # fmt: skip
+            peak[0] = max(peak[0], max(float(x) / 1024 for x in out.split()))
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return
+
+
+def run_step(step: Step, log_dir: Path) -> None:
+    if step.skip:
+        step.status = f"skipped: {step.skip}"
+        return
+    stop, peak = threading.Event(), [0.0]
+    watcher = threading.Thread(target=peak_memory_gb, args=(stop, peak), daemon=True)
+    watcher.start()
+    started = time.monotonic()
+    log = log_dir / f"{step.name}.log"
+    try:
+        with open(log, "w") as out:
+            done = subprocess.run(step.command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=step.timeout_s, env=os.environ | step.env)  # fmt: skip
+        step.status = "ok" if done.returncode == 0 else f"failed (exit {done.returncode}, {log})"
+    except subprocess.TimeoutExpired:
+        step.status = f"timed out after {step.timeout_s} s ({log})"
+    finally:
+        stop.set()
+        step.seconds = time.monotonic() - started
+        step.peak_gpu_gb = peak[0] or None
+    lines = log.read_text(errors="replace").strip().splitlines()
+    step.measured = lines[-1][:300] if lines else ""
+
+
+def report(steps: list[Step], header: str, checked: list[str]) -> str:
+    lines = [f"# GPU checklist (`bench/gpu_checklist.py`)\n\n{header}\n",
+             "| step | status | wall s | peak GPU GB | predicted | measured (last line) |",
+             "|---|---|---:|---:|---|---|"]  # fmt: skip
+    for s in steps:
+        peak = f"{s.peak_gpu_gb:.1f}" if s.peak_gpu_gb else ""
+        measured = s.measured.replace("|", "/")
+        lines.append(f"| {s.name} | {s.status} | {s.seconds:.0f} | {peak} | {s.predicted} "
+                     f"| {measured} |")  # fmt: skip
+    lines += ["", "Commands:", ""] + [f"- {s.name}: `{shlex.join(s.command)}`" for s in steps]
+    if checked:
+        lines += ["", "Configs parsed: " + "; ".join(checked)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="build and check, launch nothing")
+    parser.add_argument("--out", type=Path, help="results file (default: bench/results-gpu-"
+                        "checklist.md; a dry run prints only, unless given)")  # fmt: skip
+    parser.add_argument("--work", type=Path, help="folder for the model, runs and logs")
+    parser.add_argument("--internal", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.internal:
+        if args.internal[0] == "bandwidth":
+            print(json.dumps(measure_bandwidth()))
+        else:
+            build_model(Path(args.internal[1]))
+        return 0
+    work = args.work or Path(tempfile.mkdtemp(prefix="gpu-checklist-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = work / "model"
+    gpus = gpu_count()
+    if args.dry_run:
+        write_model_config(model_dir)  # the flows' settings need a folder with config.json
+        steps = plan(work, model_dir, gpus, H100)
+        for step in steps:
+            step.status = f"would skip: {step.skip}" if step.skip else "planned"
+        checked = check_configs(steps, model_dir)
+        header = (f"Dry run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC: nothing launched; predictions "
+                  f"at the H100 sheet's bounds; {gpus} GPU(s) visible.")  # fmt: skip
+        text = report(steps, header, checked)
+        print(text)
+        if args.out:
+            args.out.write_text(text)
+        return 0
+    if gpus == 0:
+        sys.exit("no CUDA GPU visible: run with --dry-run, or on a GPU machine")
+    first = plan(work, model_dir, gpus, H100)
+    run_step(first[0], work)
+    hardware = H100
+    try:
+        measured = json.loads(first[0].measured)
+        hardware = Hardware(measured["device"], measured["flops"], measured["bandwidth"],
+                            measured["memory"])  # fmt: skip
+        first[0].measured = (f"{measured['device']}: {measured['bandwidth'] / 1e12:.2f} TB/s copy, "
+                             f"{measured['flops'] / 1e12:.0f} TFLOP/s bf16 matmul")  # fmt: skip
+    except (ValueError, KeyError):
+        pass
+    steps = [first[0], *plan(work, model_dir, gpus, hardware)[1:]]  # predictions at measured bounds
+    for step in steps[1:]:
+        run_step(step, work)
+        print(f"{step.name}: {step.status} ({step.seconds:.0f} s)", flush=True)
+    header = (f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {gpus} x {hardware.name}; predictions at "
+              "the bounds measured in step 1 (bench/sizing.py). Logs: " + str(work))  # fmt: skip
+    out = args.out or ROOT / "bench" / "results-gpu-checklist.md"
+    out.write_text(report(steps, header, []))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
