@@ -443,8 +443,28 @@ def compared(differences: dict[str, list[str]] | None) -> str:
     return f"{len(other)}, {len(timing)}"
 
 
+def episode_recoveries(store: Path) -> tuple[int, int]:
+    """(episodes that moved server or were re-created, moves): the sums of the `retried` and
+    `recoveries` counts of the store's manifests."""
+    retried = recoveries = 0
+    for manifest in store.rglob("_MANIFEST.json"):
+        counts = json.loads(manifest.read_text()).get("counts", {})
+        retried += counts.get("retried", 0)
+        recoveries += counts.get("recoveries", 0)
+    return retried, recoveries
+
+
+def load_attempts(path: Path) -> list[Attempt]:
+    attempts = []
+    for saved in json.loads(path.read_text()):
+        plan = saved.pop("plan")
+        attempts.append(Attempt(plan=KillPlan(**plan) if plan else None, **saved))
+    return attempts
+
+
 def results_markdown(args, reference: list[Attempt], chaos: Campaign,
-                     differences: dict[str, list[str]] | None, files: int, command: str) -> str:  # fmt: skip
+                     differences: dict[str, list[str]] | None, files: int, command: str,
+                     recoveries: tuple[tuple[int, int], tuple[int, int]] | None = None) -> str:  # fmt: skip
     """The results file; `differences` None while the chaos campaign still runs."""
     kills = [a for a in chaos.attempts if a.killed]
     by_kind = {k: sum(1 for a in kills if a.plan.victim == k) for k in KINDS}
@@ -474,6 +494,9 @@ def results_markdown(args, reference: list[Attempt], chaos: Campaign,
         f"{sum(len(a.watchdog_lines) for a in reference)} | "
         f"{sum(len(a.watchdog_lines) for a in chaos.attempts)} |",
         f"| store files compared | {files} | {files} |",
+        f"| episodes recovered (moved to another server or re-created), moves | "
+        f"{', '.join(map(str, recoveries[0])) if recoveries else '-'} | "
+        f"{', '.join(map(str, recoveries[1])) if recoveries else '-'} |",
         f"| files that differ: in anything but timing, in timing | - | {compared(differences)} |",
         "",
         "Compared: every file of both stores; `_MANIFEST.json`, `_FAILED.json` and "
@@ -507,6 +530,26 @@ def results_markdown(args, reference: list[Attempt], chaos: Campaign,
     return "\n".join(lines)
 
 
+def report(args, command: str) -> int:
+    """--phase report: the results file again, from finished work folders (`--work` the chaos
+    campaign's, `--reference-work` the undisturbed one's)."""
+    chaos = Campaign.__new__(Campaign)
+    chaos.attempts = load_attempts(args.work / "run" / "attempts.json")
+    reference = load_attempts(args.reference_work / "reference" / "attempts.json")
+    reference_store, chaos_store = (
+        args.reference_work / "reference" / "store",
+        args.work / "run" / "store",
+    )
+    differences = compare_stores(reference_store, chaos_store)
+    recoveries = (episode_recoveries(reference_store), episode_recoveries(chaos_store))
+    args.out.write_text(
+        results_markdown(args, reference, chaos, differences, len(store_files(reference_store)),
+                         command, recoveries)
+    )  # fmt: skip
+    print(args.out.read_text())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=12)
@@ -516,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results-chaos.md")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument(
-        "--phase", choices=["both", "reference", "chaos"], default="both",
+        "--phase", choices=["both", "reference", "chaos", "report"], default="both",
         help="'reference' runs the undisturbed campaign alone (into WORK/reference); 'chaos' "
         "compares with --reference-work's. Both must see their work folder at the same path "
         "(paths are part of stage keys): run them side by side in private mount namespaces",
@@ -524,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference-work", type=Path, help="with --phase chaos")
     args = parser.parse_args(argv)
     command = "python bench/chaos.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.phase == "report":
+        return report(args, command)
     work = args.work or Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp"))
     work.mkdir(parents=True, exist_ok=True)
     ports = free_ports(2)

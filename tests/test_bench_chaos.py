@@ -125,3 +125,25 @@ def test_differences_in_wall_clock_timing_are_listed_apart_from_the_others():
         {"run/sft/_MANIFEST.json": ["metrics.resumed_from_step"],
          "run/dpo/train.log": ["missing"]},
     )  # fmt: skip
+
+
+def test_runs_saved_as_json_load_back_with_their_plans(tmp_path):
+    from dataclasses import asdict
+
+    runs = [
+        chaos.Attempt(1, chaos.KillPlan("vllm", 3.5), killed="vllm pid 7", exit_code=1),
+        chaos.Attempt(2, None, exit_code=0, rounds_after=2),
+    ]
+    path = tmp_path / "attempts.json"
+    path.write_text(json.dumps([asdict(a) for a in runs]))
+    assert chaos.load_attempts(path) == runs
+
+
+def test_episode_recoveries_are_summed_over_the_stores_manifests(tmp_path):
+    write(
+        tmp_path,
+        {"a/_MANIFEST.json": json.dumps({"counts": {"retried": 2, "recoveries": 3}}),
+         "b/_MANIFEST.json": json.dumps({"counts": {"retried": 1, "recoveries": 1}}),
+         "c/_MANIFEST.json": json.dumps({"counts": {}})},
+    )  # fmt: skip
+    assert chaos.episode_recoveries(tmp_path) == (3, 4)
