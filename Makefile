@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast mutation lint bench bench-kv-cache bench-sandbox bench-mcts bench-env bench-train bench-efficacy bench-agent-r1 services deploy worker
+.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast mutation lint bench bench-kv-cache bench-sandbox bench-mcts gpu-checklist bench-env bench-train bench-efficacy bench-agent-r1 services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -71,6 +71,12 @@ bench-sandbox: install
 
 bench-mcts: install
 	$(PY) bench/mcts_restore.py
+
+# On a CUDA machine: bandwidth, vLLM against the decode bound, SFT/DPO/RL step time and memory
+# (full and LoRA, a 1.7B-shaped model), ZeRO-2/3, an ETO round: bench/results-gpu-checklist.md.
+# `--dry-run` (in the fast tests) builds every command and parses every config, launching nothing.
+gpu-checklist: install
+	$(PY) bench/gpu_checklist.py
 
 bench-env: install
 	$(PY) bench/env_protocol.py
