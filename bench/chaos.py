@@ -276,11 +276,12 @@ class Campaign:
         self.marker = uuid.uuid4().hex
         self.env = {
             **os.environ, "TMPDIR": str(self.temp), "FLYWHEEL_CHAOS": self.marker,
-            "PREFECT_HOME": str(work / "prefect-1"),
+            # a new one for a campaign continued: a killed run may hold the slot in the last
+            "PREFECT_HOME": str(work / f"prefect-{len(list(work.glob('prefect-*'))) + 1}"),
             "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
         }  # fmt: skip
         self.attempts: list[Attempt] = []
-        self.prefect_homes = 1
+        self.prefect_homes = len(list(work.glob("prefect-*"))) + 1
 
     def rounds_published(self) -> int:
         state = self.store / RUN_NAME / "campaign.json"
@@ -594,25 +595,28 @@ def main(argv: list[str] | None = None) -> int:
 
         reference_done = reference_work / "reference" / "attempts.json"
 
-        def write_results(differences=None, files=0):
+        saved = work / "run" / "attempts.json"
+        if saved.exists():  # a chaos campaign stopped before: go on from where it was
+            chaos.attempts = load_attempts(saved)
+
+        def write_results(differences=None, files=0, recoveries=None):
+            saved.write_text(json.dumps([asdict(a) for a in chaos.attempts], indent=1))
             done = json.loads(reference_done.read_text()) if reference_done.exists() else []
             args.out.write_text(
                 results_markdown(args, [Attempt(**a) for a in done], chaos, differences, files,
-                                 command)
+                                 command, recoveries)
             )  # fmt: skip
 
         run_campaign(chaos, planner, args.kills, work / "chaos.log",
-                     max_attempts=args.rounds + 3 + 3 * args.kills,
+                     max_attempts=len(chaos.attempts) + args.rounds + 3 + 3 * args.kills,
                      after_each=write_results)  # fmt: skip
         while not reference_done.exists():  # the reference may run beside this one
             time.sleep(10)
         reference_store = reference_work / "reference" / "store"
         write_results(
-            compare_stores(reference_store, chaos.store), len(store_files(reference_store))
-        )
-        (work / "run" / "attempts.json").write_text(
-            json.dumps([asdict(a) for a in chaos.attempts], indent=1)
-        )
+            compare_stores(reference_store, chaos.store), len(store_files(reference_store)),
+            (episode_recoveries(reference_store), episode_recoveries(chaos.store)),
+        )  # fmt: skip
         print(args.out.read_text())
     finally:
         for server in servers:
