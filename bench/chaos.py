@@ -63,10 +63,19 @@ VOLATILE_KEYS = {"published_at", "flow_run_id"}
 # (`train.log`: progress bars with rates, trl's runtime summary), its checksum in the manifest,
 # and the timing metrics of a training stage's manifest.
 TIMING_FILES = {"train.log"}
-TIMING_PATHS = (
-    "metrics.train_runtime", "metrics.train_samples_per_second",
-    "metrics.train_steps_per_second", "metrics.checkpoint_seconds", "checksums.train.log.",
+# A stage's `metrics.<name>` (in its manifest, and in campaign.json's copies of evaluations).
+TIMING_METRICS = (
+    "train_runtime", "train_samples_per_second", "train_steps_per_second", "checkpoint_seconds",
+    "seconds", "generated_tokens_per_s",
 )  # fmt: skip
+
+
+def is_timing(path: str) -> bool:
+    """Whether a key path names a wall-clock record: a timing metric, or train.log's checksum."""
+    parts = path.split(".")
+    return (len(parts) >= 2 and parts[-2].endswith("metrics") and parts[-1] in TIMING_METRICS) or (
+        path.startswith("checksums.train.log.")
+    )
 
 
 # Comparison -------------------------------------------------------------------------------------
@@ -139,14 +148,14 @@ def compare_stores(reference: Path, candidate: Path) -> dict[str, list[str]]:
 
 
 def split_timing(differences: dict[str, list[str]]) -> tuple[dict, dict]:
-    """(timing, other): the differences in wall-clock measurements (TIMING_FILES, TIMING_PATHS)
+    """(timing, other): the differences in wall-clock measurements (TIMING_FILES, is_timing)
     and all the others, file by file."""
     timing, other = {}, {}
     for name, problems in differences.items():
         if name.rsplit("/", 1)[-1] in TIMING_FILES and problems not in (["missing"], ["extra"]):
             timing[name] = problems
             continue
-        timed = [p for p in problems if p.startswith(TIMING_PATHS)]
+        timed = [p for p in problems if is_timing(p)]
         rest = [p for p in problems if p not in timed]
         if timed:
             timing[name] = timed
@@ -307,6 +316,7 @@ class Campaign:
             )  # fmt: skip
         seen: dict[int, float] = {}
         appeared: float | None = None
+        log_start = log.stat().st_size
         while flow.poll() is None:
             try:
                 children = psutil.Process(flow.pid).children(recursive=True)
@@ -318,10 +328,9 @@ class Campaign:
             if plan and not attempt.killed:
                 now = time.monotonic() - started
                 if plan.victim in ("flow", "server"):
-                    # a server is worth killing while episodes run: while vLLM's engine lives
-                    ready = plan.victim == "flow" or any(
-                        is_victim("vllm", describe(c)) for c in children
-                    )
+                    # a server is worth killing while episodes run: once the run's log shows
+                    # an episode's progress bar (vLLM's engine takes a minute to start first)
+                    ready = plan.victim == "flow" or episodes_running(log, log_start)
                     if ready and appeared is None:
                         appeared = now
                     if appeared is not None and now - appeared >= plan.delay_s:
@@ -390,6 +399,14 @@ class Campaign:
             if not left or time.monotonic() > deadline:
                 return [f"{p.pid} {describe(p)[:160]}" for p in left]
             time.sleep(1)
+
+
+def episodes_running(log: Path, since: int) -> bool:
+    """Whether the run's log, from byte `since`, shows episodes under way (the rollout's
+    progress bar: `textcraft episodes: ... live=`)."""
+    with open(log, "rb") as f:
+        f.seek(since)
+        return b"live=" in f.read()
 
 
 def is_zombie(process) -> bool:

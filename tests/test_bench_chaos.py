@@ -118,12 +118,14 @@ def test_differences_in_wall_clock_timing_are_listed_apart_from_the_others():
             "checksums.train.log.sha256", "metrics.train_runtime", "metrics.resumed_from_step",
         ],
         "run/dpo/train.log": ["missing"],
+        "run/campaign.json": ["rounds[0].evaluations[1][1].metrics.seconds", "rounds[0].policy"],
     }  # fmt: skip
     assert chaos.split_timing(differences) == (
         {"run/sft/train.log": ["bytes differ (10 and 11 bytes)"],
-         "run/sft/_MANIFEST.json": ["checksums.train.log.sha256", "metrics.train_runtime"]},
+         "run/sft/_MANIFEST.json": ["checksums.train.log.sha256", "metrics.train_runtime"],
+         "run/campaign.json": ["rounds[0].evaluations[1][1].metrics.seconds"]},
         {"run/sft/_MANIFEST.json": ["metrics.resumed_from_step"],
-         "run/dpo/train.log": ["missing"]},
+         "run/dpo/train.log": ["missing"], "run/campaign.json": ["rounds[0].policy"]},
     )  # fmt: skip
 
 
