@@ -303,6 +303,18 @@ def accelerate_config_file(name: str) -> str:
     raise ValueError(f"accelerate_config {name!r} is neither a shipped config ({names}) nor a file")
 
 
+# Marks a setting that cannot change a stage's result (how often a trainer checkpoints, not what
+# it trains): `flywheel.stage.cache_inputs` leaves it out of the stage's cache key, so changing
+# it re-runs nothing. `Field(..., json_schema_extra=NOT_KEYED)`.
+NOT_KEYED = {"keyed": False}
+
+
+def is_keyed(field) -> bool:
+    """Whether a model field (pydantic `FieldInfo`) is part of a stage's cache key."""
+    extra = field.json_schema_extra
+    return not (isinstance(extra, dict) and extra.get("keyed") is False)
+
+
 class TrainerSettings(Strict):
     """What SFT, DPO and RL share: `batch_size` sequences per optimizer step, split evenly over
     `num_processes` training processes."""
@@ -354,7 +366,8 @@ class SFTSettings(TrainerSettings):
     frozen_layers: int = Field(default=0, ge=0)
     # Optimizer steps between checkpoints into the stage's folder in the store, from which a
     # killed stage resumes (training/checkpoint.py, docs/checkpoints.md); 0 turns them off.
-    checkpoint_every_steps: int = Field(default=50, ge=0)
+    # Not keyed: a resumed run trains the same weights (tests/test_checkpoint_resume.py).
+    checkpoint_every_steps: int = Field(default=50, ge=0, json_schema_extra=NOT_KEYED)
     trl_args: dict[str, Any] = Field(default_factory=dict)  # more of trl's config, passed unchanged
 
 
@@ -371,7 +384,7 @@ class DPOSettings(TrainerSettings):
     rejected_extra_turns: int = Field(default=5, ge=0)
     num_processes: int = Field(default=1, ge=1)  # as in SFTSettings
     frozen_layers: int = Field(default=0, ge=0)  # as in SFTSettings
-    checkpoint_every_steps: int = Field(default=50, ge=0)  # as in SFTSettings
+    checkpoint_every_steps: int = Field(default=50, ge=0, json_schema_extra=NOT_KEYED)  # as SFT's
     # More of trl's DPOConfig, passed unchanged.
     trl_args: dict[str, Any] = Field(default_factory=dict)
     # Settings that change from round to round: entry r-1 updates the settings above for round
@@ -422,7 +435,7 @@ class RLSettings(TrainerSettings):
     max_length: int = Field(default=2048, ge=64)  # longer trajectories are left out, counted
     num_processes: int = Field(default=1, ge=1)  # as in SFTSettings
     frozen_layers: int = Field(default=0, ge=0)  # as in SFTSettings
-    checkpoint_every_steps: int = Field(default=50, ge=0)  # as in SFTSettings
+    checkpoint_every_steps: int = Field(default=50, ge=0, json_schema_extra=NOT_KEYED)  # as SFT's
     # The ratio is clipped to [1 - clip_low, 1 + clip_high]; clip_high above clip_low is DAPO's
     # clip-higher.
     clip_low: float = Field(default=0.2, gt=0)

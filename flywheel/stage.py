@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from flywheel.code_version import StageCode, is_project_module, module_path, stage_code
 from flywheel.records import FailedStage, Manifest
-from flywheel.settings import EnvSettings
+from flywheel.settings import EnvSettings, is_keyed
 from flywheel.storage import FAILED, ArtifactStore
 from flywheel.tracking import Tracker, end_status
 
@@ -186,12 +186,36 @@ def cache_inputs(name: str, inputs: BaseModel) -> dict:
     """What a stage's result is keyed on (with the content of every artifact URL among them and
     the stage's code version, `ArtifactStore.stage_key`): its name and every field of its
     inputs. An environment enters as its identity: the servers an episode runs on do not change
-    it."""
+    it. Settings marked `NOT_KEYED` (`flywheel.settings`), at any depth, are left out: they
+    cannot change the result."""
     keyed = {"stage": name}
-    for field in type(inputs).model_fields:
+    for field, info in type(inputs).model_fields.items():
+        if not is_keyed(info):
+            continue
         value = getattr(inputs, field)
-        keyed[field] = value.identity() if isinstance(value, EnvSettings) else value
+        if isinstance(value, EnvSettings):
+            keyed[field] = value.identity()
+        elif isinstance(value, BaseModel) and (unkeyed := unkeyed_fields(value)):
+            keyed[field] = value.model_dump(mode="json", exclude=unkeyed)
+        else:
+            keyed[field] = value
     return keyed
+
+
+def unkeyed_fields(value) -> dict:
+    """The `NOT_KEYED` fields inside `value` (a model, or a list or dict of them) as pydantic's
+    `exclude` argument: {field: True} and {field: {nested field: True}}; empty where none."""
+    if isinstance(value, BaseModel):
+        found = {}
+        for field, info in type(value).model_fields.items():
+            nested = unkeyed_fields(getattr(value, field)) if is_keyed(info) else True
+            if nested:
+                found[field] = nested
+        return found
+    if not isinstance(value, dict | list | tuple):
+        return {}
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    return {key: nested for key, item in items if (nested := unkeyed_fields(item))}
 
 
 def stage(name: str, launches: tuple[str, ...] = ()):

@@ -10,8 +10,15 @@ import random
 import numpy as np
 import pytest
 import torch
+from pydantic import BaseModel
 
+from flywheel.settings import DPOSettings, RLSettings, SFTSettings
+from flywheel.stage import StageOutput, StageResult, cache_inputs, planning, stage
 from flywheel.storage import ArtifactStore
+from ops.status import Planner
+from tasks.dpo import DPOInputs
+from tasks.rl import RLInputs
+from tasks.sft import SFTInputs
 from training.checkpoint import (
     CheckpointPlan,
     UnstorableState,
@@ -250,3 +257,71 @@ def test_an_rl_steps_numbers_are_trls_names_over_the_steps_rows():
     assert logged == progress.history == [
         {"step": 1, "loss": 0.1, "num_tokens": 8}, {"step": 2, "loss": 0.2, "num_tokens": 16}
     ]  # fmt: skip
+
+
+# What a checkpoint setting does to the stage's key ------------------------------------------
+
+
+class TrainInputs(BaseModel):
+    """A training stage's inputs: a model and data URL, its settings, a seed."""
+
+    model_url: str
+    settings: SFTSettings
+    seed: int
+
+
+trained: list[TrainInputs] = []
+
+
+@stage("train-toy")
+def train_toy_stage(inputs: TrainInputs, run) -> StageResult:
+    trained.append(inputs)
+    return StageResult(files={"model": run.store.write_text(run.file("model.txt"), "weights")})
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        SFTInputs(model_url="m", data_url="d", settings=SFTSettings(), seed=0),
+        DPOInputs(model_url="m", pairs_url="p", settings=DPOSettings(), seed=0),
+        RLInputs(model_url="m", data_url="d", settings=RLSettings(), seed=0),
+    ],
+)
+def test_how_often_a_stage_checkpoints_is_not_in_its_key_what_it_trains_is(inputs, tmp_path):
+    store = ArtifactStore(str(tmp_path))
+
+    def key(**settings) -> str:
+        changed = inputs.model_copy(
+            update={"settings": inputs.settings.model_copy(update=settings)}
+        )
+        return store.stage_key(cache_inputs("train", changed))[0]
+
+    assert key(checkpoint_every_steps=7) == key() == key(checkpoint_every_steps=0)
+    assert key(learning_rate=3e-5) != key()
+    assert "checkpoint_every_steps" not in cache_inputs("train", inputs)["settings"]
+    assert (
+        cache_inputs("train", inputs)["settings"]["learning_rate"] == inputs.settings.learning_rate
+    )
+
+
+def test_a_finished_stage_stays_cached_for_run_and_status_when_checkpoints_change(tmp_path):
+    trained.clear()
+    store = ArtifactStore(str(tmp_path))
+    out = StageOutput(store_url=store.root, url=store.url("run/sft"))
+    inputs = TrainInputs(model_url="m", settings=SFTSettings(checkpoint_every_steps=50), seed=0)
+    train_toy_stage.fn(inputs, out)
+
+    def with_settings(**settings) -> TrainInputs:
+        return inputs.model_copy(update={"settings": inputs.settings.model_copy(update=settings)})
+
+    # `flywheel status` answers each stage from its manifest as a run would
+    planner = Planner(store)
+    with planning(planner):
+        train_toy_stage.fn(with_settings(checkpoint_every_steps=5), out)
+    assert (planner.statuses[out.url].state, planner.statuses[out.url].reasons) == ("cached", [])
+    with planning(planner):
+        train_toy_stage.fn(with_settings(learning_rate=3e-5), out)
+    assert planner.statuses[out.url].reasons == ["setting settings.learning_rate: 0.0001 → 3e-05"]
+    # and a run serves it from the store
+    assert train_toy_stage.fn(with_settings(checkpoint_every_steps=5), out).served_from_store
+    assert len(trained) == 1
