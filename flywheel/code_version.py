@@ -72,8 +72,10 @@ def is_project_module(name: str) -> bool:
     return name.split(".", 1)[0] in PROJECT_PACKAGES
 
 
+@functools.lru_cache(maxsize=16384)
 def module_path(name: str, project: Path = PROJECT_ROOT) -> Path | None:
-    """The file of project module `name` (`a/b.py` or `a/b/__init__.py`), None if none."""
+    """The file of project module `name` (`a/b.py` or `a/b/__init__.py`), None if none
+    (remembered for the process: a module's file does not come and go while it runs)."""
     if not is_project_module(name):
         return None
     base = project.joinpath(*name.split("."))

@@ -243,8 +243,9 @@ def stage_folders(store: ArtifactStore, run_url: str) -> dict[str, Manifest | No
 
 
 def folder_status(store: ArtifactStore, run_url: str) -> list[StageStatus]:
-    """Each stage folder under `run_url`: its upstream content and code now against its
-    manifest. Settings are not compared (there is no config to compare them with)."""
+    """Each stage folder under `run_url` (and the stages outside it they read, the base model),
+    upstream first: its upstream content and code now against its manifest. Settings are not
+    compared (there is no config to compare them with)."""
     statuses: dict[str, StageStatus] = {}
 
     def status_of(url: str, found: Manifest | None) -> StageStatus:
@@ -269,10 +270,9 @@ def folder_status(store: ArtifactStore, run_url: str) -> list[StageStatus]:
         statuses[url] = StageStatus(url=url, stage=found.stage, state=state, reasons=reasons)
         return statuses[url]
 
-    folders = stage_folders(store, run_url)
-    for url, found in folders.items():
+    for url, found in stage_folders(store, run_url).items():
         status_of(url, found)
-    return [statuses[url] for url in folders]
+    return list(statuses.values())  # upstream first, with those outside the run's folder
 
 
 # The command ------------------------------------------------------------------------------
