@@ -583,6 +583,9 @@ def main(argv: list[str] | None = None) -> int:
         "(paths are part of stage keys): run them side by side in private mount namespaces",
     )  # fmt: skip
     parser.add_argument("--reference-work", type=Path, help="with --phase chaos")
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help=f"victims to choose from (default: {KINDS})"
+    )
     args = parser.parse_args(argv)
     command = "python bench/chaos.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.phase == "report":
@@ -608,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.phase == "reference":
                 return 0
         chaos = Campaign(work / "run", args.rounds, servers, config)
-        planner = KillPlanner(args.seed)
+        planner = KillPlanner(args.seed, kinds=args.kinds.split(","))
 
         reference_done = reference_work / "reference" / "attempts.json"
 
