@@ -117,7 +117,12 @@ def stop_leftovers(known: dict[int, float]) -> None:
     for pid, started in known.items():
         with contextlib.suppress(psutil.Error):
             process = psutil.Process(pid)
-            if abs(process.create_time() - started) < 1.0 and process.pid != os.getpid():
+            # a zombie is dead already (init reaps it once its parent is gone): nothing to stop
+            if (
+                abs(process.create_time() - started) < 1.0
+                and process.pid != os.getpid()
+                and process.status() != psutil.STATUS_ZOMBIE
+            ):
                 alive.append(process)
     names = [described(process) for process in alive]  # before they are gone
     for process in alive:

@@ -29,3 +29,20 @@ def test_a_clean_exit_leaves_no_process_for_the_watchdog():
     assert done.returncode == 0, done.stderr
     assert done.stdout == "flow done\n"
     assert "flywheel watchdog" not in done.stderr, done.stderr
+
+
+def test_the_watchdog_counts_no_zombie_as_left_behind(capsys):
+    import time
+
+    import psutil
+
+    from flywheel.watchdog import stop_leftovers
+
+    child = subprocess.Popen(["true"])
+    zombie = psutil.Process(child.pid)
+    deadline = time.monotonic() + 10
+    while zombie.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.05)  # exited, not yet reaped by us: a zombie
+    stop_leftovers({child.pid: zombie.create_time()})
+    child.wait()
+    assert "flywheel watchdog" not in capsys.readouterr().err
