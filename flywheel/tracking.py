@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +18,16 @@ from mlflow.tracking import MlflowClient
 
 ERROR_TAG = "flywheel.error"
 ERROR_TAG_CHARS = 5000  # MLflow keeps tag values up to 8000 characters
+# The exception names a failure's first line starts with (`TrainingFailed: ValueError: `).
+EXCEPTION_NAMES = re.compile(r"^(?:[A-Z]\w*(?:Error|Exception|Failed|Failure): )+")
+
+
+def short_cause(message: str) -> str:
+    """A failure message's first line without the exception names in front. The UIs' short
+    views show 30 to 45 characters of it (MLflow's tag chip, Prefect's artifact cards): with
+    `TrainingFailed: ValueError: ` in front they showed no cause at all."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    return EXCEPTION_NAMES.sub("", first) or first
 
 
 class Tracker:
@@ -52,8 +63,14 @@ class Tracker:
 
     def tag_error(self, run_id: str, message: str) -> None:
         """Why the run failed, as the tag MLflow shows as a chip (`flywheel.error`): the message
-        leads with its cause (see `training.launch.trainer_failure`)."""
-        self.client.set_tag(run_id, ERROR_TAG, message[:ERROR_TAG_CHARS])
+        leads with its cause (see `training.launch.trainer_failure`), without the exception
+        names (the chip shows ~35 characters). The whole message, names and all, becomes the
+        run's description, which the run's page shows in full."""
+        rest = message.strip().splitlines()[1:]
+        self.client.set_tag(
+            run_id, ERROR_TAG, "\n".join([short_cause(message), *rest])[:ERROR_TAG_CHARS]
+        )
+        self.client.set_tag(run_id, "mlflow.note.content", "\n".join(fenced(message.strip())))
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
         for key, value in metrics.items():
@@ -135,3 +152,10 @@ def kill_run(tracking_uri: str, run_id: str) -> None:
     end_open_children(client, run_id, "KILLED")
     if client.get_run(run_id).info.status == "RUNNING":
         client.set_terminated(run_id, "KILLED")
+
+
+def fenced(text: str) -> list[str]:
+    """`text` in a Markdown code block whose fence no backtick run inside it can close."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, text, fence]

@@ -138,7 +138,7 @@ def test_train_refuses_data_with_no_pair_that_fits(tmp_path, recorded, chat):
     pairs = [make_pair(2, 2), make_pair(3, 3)]
     job = TrainingJob("m", write_pairs(tmp_path / "p.jsonl", pairs), str(tmp_path), max_length=8)
     message = (
-        f"{job.data_file}: no pair fits in max_length=8 (RowCounts(rows=0, rows_shortened=0, "
+        f"no pair fits in max_length=8 ({job.data_file}: RowCounts(rows=0, rows_shortened=0, "
         f"rows_dropped_too_long=2, rows_dropped_no_loss=0))"
     )
     with pytest.raises(ValueError) as error:

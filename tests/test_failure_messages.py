@@ -23,32 +23,60 @@ from flywheel.stage import (
     stage,
 )
 from flywheel.storage import ArtifactStore
-from flywheel.tracking import Tracker
+from flywheel.tracking import Tracker, short_cause
 from ops.runner import failed_stage_line
-from training.launch import TrainingFailed, exception_line, launch, trainer_failure
+from training.launch import (
+    CAUSE_CHARS,
+    TrainingFailed,
+    exception_line,
+    launch,
+    trainer_failure,
+)
 
 DPO_LOG = """\
 {'loss': 0.1}
 Traceback (most recent call last):
   File "<frozen runpy>", line 198, in _run_module_as_main
   File "/work/main/training/dpo.py", line 80, in train
-    raise ValueError(f"{job.data_file}: no pair fits in max_length={job.max_length} ({counts})")
-ValueError: /work/main/.cache/flywheel/downloads/ab12/pairs.jsonl: no pair fits in max_length=64 (RowCounts(rows=0))
+    raise ValueError(f"no pair fits in max_length={job.max_length} ({job.data_file}: {counts})")
+ValueError: no pair fits in max_length=64 (/work/main/.cache/flywheel/downloads/ab12/pairs.jsonl: RowCounts(rows=0))
 """  # noqa: E501
 
 
 def test_a_trainers_failure_leads_with_its_cause_and_the_setting_to_change():
     message = trainer_failure("training.dpo", 1, DPO_LOG, "s3://b/runs/eto/round-1/dpo/train.log")
     first, second, third, *tail = message.splitlines()
+    # The fix before the details in parentheses: a view that cuts the line still shows it.
     assert first == (
-        "ValueError: pairs.jsonl: no pair fits in max_length=64 (RowCounts(rows=0)) "
-        "→ raise dpo.max_length"
+        "ValueError: no pair fits in max_length=64 → raise dpo.max_length "
+        "(pairs.jsonl: RowCounts(rows=0))"
     )
     assert second == (
         "training.dpo exited with code 1; its whole log: s3://b/runs/eto/round-1/dpo/train.log"
     )
     assert third == "last lines of the log:"
     assert tail == DPO_LOG.splitlines()  # the log's last lines, paths and all
+
+
+@pytest.mark.parametrize(
+    "message, cause",
+    [
+        ("TrainingFailed: ValueError: no pair fits\nmore", "no pair fits"),
+        ("RuntimeError: a: b", "a: b"),
+        ("KeyboardInterrupt: stopped", "KeyboardInterrupt: stopped"),  # not an error's name
+        ("ValueError: ", "ValueError:"),  # nothing after the name: the name is all there is
+        ("", ""),
+    ],
+)
+def test_short_views_show_the_cause_without_the_exception_names(message, cause):
+    assert short_cause(message) == cause
+
+
+def test_the_fix_survives_a_long_cause_and_precedes_its_details():
+    log = "ValueError: " + "x" * 300 + " max_length=64 (" + "y" * 300 + ")\n"
+    first = trainer_failure("training.dpo", 1, log, "train.log").splitlines()[0]
+    assert first.startswith("ValueError: xxx") and "… → raise dpo.max_length" in first
+    assert len(first) < CAUSE_CHARS + 40
 
 
 def test_the_workers_error_is_the_cause_not_the_launchers():
@@ -137,11 +165,11 @@ def test_the_failure_artifact_leads_with_the_cause_in_plain_text():
     markdown = failure_markdown(record, "file:///s/run/round-1/dpo")
     lines = markdown.splitlines()
     assert lines[0] == "# Stage `dpo` failed"
-    assert rendered_text(lines[2]) == 'TrainingFailed: File "<frozen runpy>" → raise dpo.max_length'
+    assert rendered_text(lines[2]) == 'File "<frozen runpy>" → raise dpo.max_length'
     assert "````\n" + message + "\n````" in markdown  # the whole message, fenced safely
     line = failed_stage_line(record, "file:///s/run/round-1/dpo/_FAILED.json")
     assert rendered_text(line) == (
-        'dpo: TrainingFailed: File "<frozen runpy>" → raise dpo.max_length (record '
+        'dpo: File "<frozen runpy>" → raise dpo.max_length (record '
         "file:///s/run/round-1/dpo/_FAILED.json, log file:///s/run/round-1/dpo/train.log)"
     )
 
@@ -198,7 +226,7 @@ def test_a_failed_stage_is_named_tagged_described_and_superseded_by_its_rerun(tm
     assert task_states(failed) == {"work": ["Failed"]}  # the task run is named work/round-1
     record = FailedStage.model_validate_json(store.read_text(f"{out.url}/_FAILED.json"))
     assert record.task_run == "work/round-1"
-    cause = 'RuntimeError: no pair fits in File "<frozen runpy>" → raise dpo.max_length'
+    cause = 'no pair fits in File "<frozen runpy>" → raise dpo.max_length'  # no "RuntimeError: "
     [artifact] = artifact_versions(f"{run_name}-failed-work")
     assert rendered_text(artifact.description) == f"work failed: {cause}"
     assert rendered_text(artifact.data.splitlines()[2]) == cause
@@ -208,6 +236,8 @@ def test_a_failed_stage_is_named_tagged_described_and_superseded_by_its_rerun(tm
     )
     assert child.data.tags["mlflow.runName"] == "work/round-1"
     assert child.data.tags["flywheel.error"].splitlines()[0] == cause
+    # The run page's description: the whole message, its exception name too, in a code block.
+    assert child.data.tags["mlflow.note.content"].startswith(f"```\nRuntimeError: {cause}\n")
 
     assert one_stage(False, return_state=True).is_completed()
     failure, superseded = artifact_versions(f"{run_name}-failed-work")

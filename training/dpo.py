@@ -23,6 +23,7 @@ from training.datasets import dpo_rows, token_counts
 from training.job import (
     TrainingJob,
     load_model,
+    lora_config,
     parse_job,
     report_metrics,
     train_and_save,
@@ -77,7 +78,7 @@ def train(job: TrainingJob) -> dict:
         pairs = [Pair.model_validate_json(line) for line in f if line.strip()]
     rows, counts = dpo_rows(pairs, chat, job.max_length)
     if not rows:
-        raise ValueError(f"{job.data_file}: no pair fits in max_length={job.max_length} ({counts})")
+        raise ValueError(f"no pair fits in max_length={job.max_length} ({job.data_file}: {counts})")
     config = DPOConfig(max_length=job.max_length, **trainer_defaults(job))
     model = load_model(job)
     collator = MaskedPreferenceCollator(
@@ -90,6 +91,7 @@ def train(job: TrainingJob) -> dict:
         args=config,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
+        peft_config=lora_config(job),
         data_collator=collator,
     )
     metrics = train_and_save(trainer, tokenizer, job, len(rows))

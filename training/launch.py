@@ -115,17 +115,26 @@ def trainer_failure(module: str, code: int, log_text: str, log_name: str) -> str
     message after a line), then the exit code and where the log is, then its last lines."""
     lines = [RANK_PREFIX.sub("", line) for line in log_text.splitlines()]
     cause = LOCAL_PATH.sub("", exception_line(lines) or f"{module} exited with code {code}")
-    if len(cause) > CAUSE_CHARS:
-        cause = cause[: CAUSE_CHARS - 1] + "…"
     section = SECTIONS.get(module)  # the settings of another module are not known here
     fixes = [fix.format(section=section) for pattern, fix in FIXES if pattern.search(cause)]
-    fixes = fixes if section else []
-    head = f"{cause} → {fixes[0]}" if fixes else cause
+    head = with_fix(cause, fixes[0]) if fixes and section else cut(cause, CAUSE_CHARS)
     tail = "\n".join(log_text.splitlines()[-25:])
     return (
         f"{head}\n{module} exited with code {code}; its whole log: {log_name}\n"
         f"last lines of the log:\n{tail}"
     )
+
+
+def with_fix(cause: str, fix: str) -> str:
+    """`cause → fix`, the fix before the details in parentheses that end the cause (counts,
+    shapes): short views cut the line after 30-70 characters, and the fix is what to do."""
+    statement, paren, details = cause.partition(" (")
+    head = f"{cut(statement, CAUSE_CHARS)} → {fix}"
+    return head + cut(f" ({details}", CAUSE_CHARS - len(statement)) if paren else head
+
+
+def cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
 
 def exception_line(lines: list[str]) -> str | None:
