@@ -126,6 +126,45 @@ def test_sft_killed_mid_training_resumes_to_the_uninterrupted_result(
     assert any(not start[k].equal(through[0][k]) for k in start)  # training moved it
 
 
+def test_dpo_killed_mid_training_resumes_to_the_uninterrupted_result(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    from test_dpo_entry import make_pair, write_pairs
+
+    # 4 pairs, 1 per step, 2 epochs: 8 optimizer steps; the reference log-probabilities are
+    # precomputed as the stage does (`tasks.dpo.dpo_trl_args`), so the resumed run computes them
+    # again before its first step.
+    pairs = [make_pair(chosen, rejected) for chosen, rejected in ((3, 2), (2, 4), (4, 1), (1, 3))]
+    data = write_pairs(tmp_path / "pairs.jsonl", pairs)
+
+    def make_job(folder: Path, checkpoint: dict | None) -> TrainingJob:
+        monkeypatch.setenv("FLYWHEEL_METRICS_FILE", str(folder / "metrics.json"))
+        return TrainingJob(
+            model_dir=str(tiny_model_dir), data_file=data, output_dir=str(folder / "model"),
+            max_length=512, checkpoint=checkpoint, history_file=str(folder / "history.json"),
+            trl_args={
+                "num_train_epochs": 2, "learning_rate": 1e-3, "beta": 0.1, "seed": 3,
+                "lr_scheduler_type": "cosine", "warmup_steps": 0.2,
+                "precompute_ref_log_probs": True, "output_dir": str(folder / "work"),
+                "report_to": "none", "disable_tqdm": True,
+            },
+        )  # fmt: skip
+
+    through, resumed = killed_and_resumed("training.dpo", tmp_path, make_job, total_steps=8)
+    assert_same_weights(through[0], resumed[0])
+
+    def per_step(history: list[dict]) -> list[tuple]:
+        return [(e["step"], e["loss"], e["grad_norm"], e["learning_rate"],
+                 e["rewards/chosen"], e["rewards/rejected"])
+                for e in history if "loss" in e]  # fmt: skip
+
+    assert per_step(through[1]) == per_step(resumed[1])
+    assert len(per_step(through[1])) == 8 == through[2]["optimizer_steps"]
+    assert through[2]["resumed_from_step"] == 0 < resumed[2]["resumed_from_step"]
+    start = load_file(tiny_model_dir / "model.safetensors")
+    assert any(not start[k].equal(through[0][k]) for k in start)  # training moved it
+
+
 def test_rl_killed_mid_training_resumes_to_the_uninterrupted_result(
     tmp_path, tiny_model_dir, chat, monkeypatch
 ):
