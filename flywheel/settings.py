@@ -315,6 +315,34 @@ def is_keyed(field) -> bool:
     return not (isinstance(extra, dict) and extra.get("keyed") is False)
 
 
+class LoRASettings(Strict):
+    """Low-rank adapters (peft's LoRA) trained instead of every weight; docs/lora.md. The base
+    weights stay frozen; the stage publishes the base with the adapters merged into it, a plain
+    model folder the next stage and vLLM read as any other."""
+
+    enabled: bool = False  # train LoRA adapters instead of the full model
+    rank: int = Field(default=16, ge=1)  # the adapters' rank r
+    alpha: float = Field(default=32.0, gt=0)  # scaling: an adapter's output is times alpha / rank
+    dropout: float = Field(default=0.0, ge=0, lt=1)  # dropout on an adapter's input
+    # Modules that get adapters: "all-linear" (every linear layer but the output layer) or a
+    # list of module names (["q_proj", "v_proj"]).
+    target_modules: str | list[str] = "all-linear"
+    # What the stage publishes: merged (the base with the adapters merged in; adapter, a folder
+    # of the adapters alone for vLLM's LoRA serving, is not supported yet).
+    publish: Literal["merged", "adapter"] = "merged"
+
+    @field_validator("publish")
+    @classmethod
+    def _adapter_publishing_is_not_built(cls, value: str) -> str:
+        if value == "adapter":
+            raise ValueError(
+                "lora.publish=adapter is not supported yet: publishing the adapter alone needs "
+                "vLLM's LoRA serving (enable_lora, a LoRARequest per call), which Flywheel does "
+                "not set up; use lora.publish=merged (docs/lora.md)"
+            )
+        return value
+
+
 class TrainerSettings(Strict):
     """What SFT, DPO and RL share: `batch_size` sequences per optimizer step, split evenly over
     `num_processes` training processes."""
@@ -324,6 +352,24 @@ class TrainerSettings(Strict):
     # `accelerate launch` config for the training processes: ddp, zero2, zero3 (DeepSpeed ZeRO
     # stages, configs/accelerate/) or a path to one's own. Unset: DDP on GPUs, torchrun on a CPU.
     accelerate_config: str | None = None
+    # LoRA adapters instead of full training (docs/lora.md); replaces frozen_layers.
+    lora: LoRASettings = Field(default_factory=LoRASettings)
+
+    @model_validator(mode="after")
+    def _lora_replaces_frozen_layers(self):
+        if not self.lora.enabled:
+            return self
+        if getattr(self, "frozen_layers", 0):
+            raise ValueError(
+                f"lora.enabled trains adapters on frozen base weights: frozen_layers="
+                f"{self.frozen_layers} would freeze nothing more; set frozen_layers=0"
+            )
+        if self.accelerate_config == "zero3":
+            raise ValueError(
+                "lora.enabled with accelerate_config=zero3 is not supported: merging the adapters "
+                "needs the whole weights on one process; use ddp or zero2"
+            )
+        return self
 
     @field_validator("accelerate_config")
     @classmethod

@@ -41,7 +41,7 @@ def dpo_stage(inputs: DPOInputs, run: StageRun) -> StageResult:
     checkpoint = checkpoint_plan(run, inputs.settings.checkpoint_every_steps)
     result = trained_model(
         run, "training.dpo", inputs.model_url, inputs.pairs_url, inputs.settings, trl_args,
-        job_fields={"checkpoint": checkpoint},
+        job_fields={"checkpoint": checkpoint, "lora": inputs.settings.lora.model_dump(mode="json")},
     )  # fmt: skip
     remove_checkpoints(run.store, run.url)  # the model is in the store: nothing to resume
     return result

@@ -12,7 +12,11 @@ from training.launch import trained_model
 
 def rl_job_fields(settings: RLSettings, seed: int) -> dict:
     """What `training.rl` reads from the job file besides the model, data and length."""
-    return {"rl": settings.model_dump(mode="json"), "seed": seed}
+    return {
+        "rl": settings.model_dump(mode="json"),
+        "seed": seed,
+        "lora": settings.lora.model_dump(mode="json"),
+    }
 
 
 class RLInputs(BaseModel):

@@ -38,7 +38,7 @@ def sft_stage(inputs: SFTInputs, run: StageRun) -> StageResult:
     checkpoint = checkpoint_plan(run, inputs.settings.checkpoint_every_steps)
     result = trained_model(
         run, "training.sft", inputs.model_url, inputs.data_url, inputs.settings, trl_args,
-        job_fields={"checkpoint": checkpoint},
+        job_fields={"checkpoint": checkpoint, "lora": inputs.settings.lora.model_dump(mode="json")},
     )  # fmt: skip
     remove_checkpoints(run.store, run.url)  # the model is in the store: nothing to resume
     return result

@@ -35,6 +35,9 @@ class TrainingJob:
     # Where to write every optimizer step's logged numbers (JSON list, a resumed run's earlier
     # steps included); None writes none.
     history_file: str | None = None
+    # LoRA adapters instead of full training (`flywheel.settings.LoRASettings` as JSON); None or
+    # not enabled trains every weight not frozen.
+    lora: dict | None = None
 
     def save(self, path: Path) -> Path:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
@@ -110,6 +113,46 @@ def load_model(job: TrainingJob):
     return model
 
 
+def lora_config(job: TrainingJob):
+    """peft's LoraConfig for the job's `lora` settings, or None to train the weights themselves.
+    Handed to trl's trainers as `peft_config` (DPO's reference is then the base model with the
+    adapters disabled, no second copy); `training.rl` wraps the model itself (`with_lora`)."""
+    if not (job.lora and job.lora.get("enabled")):
+        return None
+    from peft import LoraConfig
+
+    if job.frozen_layers:
+        raise ValueError(f"lora with frozen_layers={job.frozen_layers}: LoRA replaces it")
+    if job.lora.get("publish", "merged") != "merged":
+        raise ValueError(f"lora.publish={job.lora['publish']!r} is not supported yet")
+    return LoraConfig(
+        r=job.lora["rank"],
+        lora_alpha=job.lora["alpha"],
+        lora_dropout=job.lora["dropout"],
+        target_modules=job.lora["target_modules"],
+        task_type="CAUSAL_LM",
+    )
+
+
+def with_lora(model, job: TrainingJob):
+    """`model` wrapped with the job's LoRA adapters (base weights frozen), or as it is."""
+    config = lora_config(job)
+    if config is None:
+        return model
+    from peft import get_peft_model
+
+    return get_peft_model(model, config)
+
+
+def publishable(model):
+    """The model to save as the stage's model folder: a peft model with its adapters merged into
+    the base weights (a plain Hugging Face model that vLLM and the next stage load as they are),
+    any other as it is."""
+    from peft import PeftModel
+
+    return model.merge_and_unload() if isinstance(model, PeftModel) else model
+
+
 def score_loss_positions_only() -> None:
     """Make trl's fused LM head project only the positions that carry a loss, on a CPU too.
 
@@ -157,7 +200,10 @@ def train_and_save(trainer, tokenizer, job: TrainingJob, rows: int) -> dict:
         trainer.add_callback(mirror)
     resume = resume_point(plan, Path(trainer.args.output_dir), trainer.is_world_process_zero())
     result = trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(job.output_dir)
+    if lora_config(job) is None:
+        trainer.save_model(job.output_dir)
+    elif trainer.is_world_process_zero():  # the adapters merged: a plain model folder
+        publishable(trainer.accelerator.unwrap_model(trainer.model)).save_pretrained(job.output_dir)
     if not trainer.is_world_process_zero():
         return {}
     write_history(job, trainer.state.log_history)

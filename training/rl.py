@@ -80,7 +80,9 @@ from training.job import (
     load_model,
     mlflow_step_logger,
     parse_job,
+    publishable,
     report_metrics,
+    with_lora,
     write_history,
 )
 from training.pareto import mixed_group_ids
@@ -498,7 +500,7 @@ def group_stats(rows: Rows) -> dict[str, int]:
 
 
 def save_policy(policy: Policy, tokenizer, output_dir: str) -> None:
-    policy.model.save_pretrained(output_dir)
+    publishable(policy.model).save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     if policy.value_head is not None:
         head = {k: v.detach().cpu().contiguous() for k, v in policy.value_head.state_dict().items()}
@@ -541,7 +543,8 @@ def train(job: TrainingJob) -> dict:
                 else ""
             )
         )
-    model = load_model(job)
+    model = with_lora(load_model(job), job)  # the starting pass precedes every update: the
+    # adapters start at zero, so the reference log-probabilities are the base model's
     head = value_head_for(model, job.model_dir) if settings.estimator == "ppo" else None
     policy = Policy(model, head, settings.temperature).to(accelerator.device)
     rows, skipped, advantages = as_tensors(found), 0, None

@@ -1,0 +1,172 @@
+"""LoRA adapters instead of full training: the settings and what they refuse, the job that
+carries them to the trainer, the adapters on the tiny model (only they train, merged into a plain
+model folder), and, slow, SFT and DPO with LoRA through their trainer entry points."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import ValidationError
+from safetensors.torch import load_file
+
+from flywheel.settings import DPOSettings, LoRASettings, RLSettings, SFTSettings
+from flywheel.stage import StageOutput, StageRun
+from training.job import TrainingJob, load_model, lora_config, publishable, with_lora
+
+LORA = LoRASettings(enabled=True, rank=4, alpha=8.0)
+
+
+def test_lora_is_off_by_default_and_merged_is_what_is_published():
+    for settings in (SFTSettings(), DPOSettings(), RLSettings()):
+        assert settings.lora == LoRASettings()
+    assert (LoRASettings().enabled, LoRASettings().target_modules) == (False, "all-linear")
+    assert LoRASettings().publish == "merged"
+
+
+def test_publishing_the_adapter_alone_is_refused_saying_so():
+    with pytest.raises(ValidationError, match="lora.publish=adapter is not supported yet"):
+        LoRASettings(enabled=True, publish="adapter")
+
+
+@pytest.mark.parametrize("settings_class", [SFTSettings, DPOSettings, RLSettings])
+def test_lora_with_frozen_layers_or_zero3_is_refused(settings_class):
+    with pytest.raises(ValidationError, match="set frozen_layers=0"):
+        settings_class(lora=LORA, frozen_layers=2)
+    with pytest.raises(ValidationError, match="use ddp or zero2"):
+        settings_class(lora=LORA, accelerate_config="zero3")
+    settings_class(lora=LORA.model_copy(update={"enabled": False}), frozen_layers=2)  # off: fine
+
+
+def test_the_job_carries_lora_to_peft_config():
+    job = TrainingJob("m", "d", "o", lora=LORA.model_dump(mode="json"))
+    config = lora_config(job)
+    assert (config.r, config.lora_alpha, config.lora_dropout) == (4, 8.0, 0.0)
+    assert config.target_modules == "all-linear" and config.task_type == "CAUSAL_LM"
+    assert lora_config(TrainingJob("m", "d", "o")) is None
+    off = LORA.model_copy(update={"enabled": False}).model_dump(mode="json")
+    assert lora_config(TrainingJob("m", "d", "o", lora=off)) is None
+    listed = LORA.model_copy(update={"target_modules": ["q_proj", "v_proj"]})
+    assert lora_config(TrainingJob("m", "d", "o", lora=listed.model_dump())).target_modules == {
+        "q_proj",
+        "v_proj",
+    }
+
+
+@pytest.mark.parametrize("stage_name", ["sft", "dpo", "rl"])
+def test_each_training_stage_hands_its_lora_settings_to_the_trainer(
+    stage_name, tmp_path, monkeypatch
+):
+    import importlib
+
+    module = importlib.import_module(f"tasks.{stage_name}")
+    handed = []
+    monkeypatch.setattr(
+        module, "trained_model", lambda run, *args, job_fields, **kw: handed.append(job_fields)
+    )
+    settings_class = {"sft": SFTSettings, "dpo": DPOSettings, "rl": RLSettings}[stage_name]
+    inputs_class = {"sft": "SFTInputs", "dpo": "DPOInputs", "rl": "RLInputs"}[stage_name]
+    data = {"pairs_url" if stage_name == "dpo" else "data_url": "d"}
+    inputs = getattr(module, inputs_class)(
+        model_url="m", settings=settings_class(lora=LORA), seed=0, **data
+    )
+    run = StageRun(stage_name, StageOutput(store_url=str(tmp_path), url=f"{tmp_path}/s"))
+    getattr(module, f"{stage_name}_stage").body(inputs, run)
+    assert handed[0]["lora"] == LORA.model_dump(mode="json")
+    job = TrainingJob("m", "d", "o", **handed[0])
+    assert lora_config(job).r == 4  # what the trainer reads back
+
+
+def test_only_the_adapters_train_and_the_merged_model_is_a_plain_one(tiny_model_dir):
+    job = TrainingJob(str(tiny_model_dir), "", "", lora=LORA.model_dump(mode="json"))
+    model = with_lora(load_model(job), job)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    assert not any("lm_head" in n or "embed" in n for n in trainable)  # all-linear skips them
+    with torch.no_grad():  # as if trained: B starts at zero
+        for name, parameter in model.named_parameters():
+            if ".lora_B." in name:
+                parameter.fill_(0.01)
+    merged = publishable(model)
+    base = load_model(TrainingJob(str(tiny_model_dir), "", ""))
+    assert type(merged) is type(base)
+    assert merged.state_dict().keys() == base.state_dict().keys()
+    changed = [k for k, v in merged.state_dict().items() if not v.equal(base.state_dict()[k])]
+    assert changed and all("proj" in k for k in changed)
+
+
+# Slow: the trainers themselves ----------------------------------------------------------------
+
+
+def lora_job(tmp_path: Path, model_dir, data: str, **trl_args) -> TrainingJob:
+    return TrainingJob(
+        model_dir=str(model_dir), data_file=data, output_dir=str(tmp_path / "model"),
+        max_length=512, lora=LORA.model_dump(mode="json"),
+        trl_args={"num_train_epochs": 1, "learning_rate": 1e-2, "seed": 3,
+                  "output_dir": str(tmp_path / "work"), "report_to": "none",
+                  "disable_tqdm": True, **trl_args},
+    )  # fmt: skip
+
+
+def assert_a_trained_plain_model(output: Path, base_dir: Path) -> None:
+    """The published folder is a plain model (no adapter files) that transformers loads, with
+    the base's tensors, some of them moved."""
+    from transformers import AutoModelForCausalLM
+
+    assert not (output / "adapter_config.json").exists()
+    AutoModelForCausalLM.from_pretrained(output)
+    trained, base = (
+        load_file(output / "model.safetensors"),
+        load_file(base_dir / "model.safetensors"),
+    )
+    assert trained.keys() == base.keys()
+    moved = [k for k in base if not base[k].equal(trained[k])]
+    assert moved and all("proj" in k for k in moved)  # only where adapters were merged in
+
+
+@pytest.mark.slow
+def test_sft_with_lora_publishes_a_merged_model(tmp_path, tiny_model_dir, monkeypatch):
+    import training.sft as sft
+    from agents.rollout import agent_prefix
+    from envs import make_env
+    from tasks.expert_data import collect_expert
+
+    env = make_env("textcraft")
+    trajectories, _ = collect_expert(env, env.task_ids("train")[:2], agent_prefix(env, []))
+    data = tmp_path / "expert.jsonl"
+    data.write_text("".join(t.model_dump_json() + "\n" for t in trajectories))
+    metrics = sft.train(lora_job(tmp_path, tiny_model_dir, str(data)))
+    assert metrics["optimizer_steps"] == 2
+    assert_a_trained_plain_model(tmp_path / "model", tiny_model_dir)
+
+
+@pytest.mark.slow
+def test_dpo_with_lora_references_the_base_and_publishes_a_merged_model(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    from test_dpo_entry import make_pair, write_pairs
+
+    import training.dpo as dpo
+
+    built = []
+    original = dpo.TokenizedDPOTrainer.__init__
+
+    def keep(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(dpo.TokenizedDPOTrainer, "__init__", keep)
+    data = write_pairs(tmp_path / "pairs.jsonl", [make_pair(3, 2), make_pair(2, 4)])
+    metrics = dpo.train(lora_job(tmp_path, tiny_model_dir, data, precompute_ref_log_probs=True))
+    trainer = built[0]
+    # no second model and no copied "ref" adapter: the reference is the base, adapters off
+    assert trainer.ref_model is None
+    assert list(trainer.model.peft_config) == ["default"]
+    assert metrics["optimizer_steps"] == 2
+    assert_a_trained_plain_model(tmp_path / "model", tiny_model_dir)
+    history = json.loads(json.dumps(trainer.state.log_history))
+    first = next(e for e in history if "loss" in e)
+    # the first step's policy is the base itself: its rewards (policy vs reference) are zero
+    assert first["rewards/chosen"] == 0.0 == first["rewards/rejected"]
