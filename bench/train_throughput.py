@@ -45,6 +45,8 @@ from rollout_throughput import ModelShape, matmul_flops, model_shape, resolve_mo
 
 # Variants: name -> (trainer, trl_args on top of the shipped settings, TrainingJob fields).
 EVERY_POSITION = {"score_every_position": True}
+LORA_R16 = {"enabled": True, "rank": 16, "alpha": 32.0, "dropout": 0.0,
+            "target_modules": "all-linear", "publish": "merged"}  # fmt: skip
 VARIANTS = {
     "sft": ("sft", {}, {}),
     "sft, rows packed to max_length (bfd, padding-free)": (
@@ -72,6 +74,12 @@ VARIANTS = {
         EVERY_POSITION,
     ),
     "dpo, checkpoint every 2 steps": ("dpo", {}, {"checkpoint_every": 2}),
+    # LoRA (docs/lora.md) against full training of every layer (frozen_layers 0) and the
+    # shipped variants above (--frozen-layers): r=16 adapters on every linear layer.
+    "sft, all layers trained": ("sft", {}, {"frozen_layers": 0}),
+    "sft, lora r=16": ("sft", {}, {"frozen_layers": 0, "lora": LORA_R16}),
+    "dpo, all layers trained": ("dpo", {}, {"frozen_layers": 0}),
+    "dpo, lora r=16": ("dpo", {}, {"frozen_layers": 0, "lora": LORA_R16}),
 }
 
 
@@ -114,6 +122,7 @@ class Measured:
     flops: float
     checkpoints: int = 0  # saved into the store
     checkpoint_seconds: float = 0.0  # from each step's end to its copy in the store, summed
+    peak_rss_mb: float = 0.0  # the trainer process's peak resident memory
 
     @property
     def tokens_per_s(self) -> float:
@@ -129,12 +138,17 @@ def trainable_layer_parameters(shape: ModelShape, frozen_layers: int) -> int:
     return per_layer * max(0, shape.layers - frozen_layers)
 
 
-def training_flops(shape: ModelShape, tokens: int, projected: int, frozen_layers: int) -> float:
+def training_flops(
+    shape: ModelShape, tokens: int, projected: int, frozen_layers: int, lora: bool = False
+) -> float:
     """Forward and backward matmul FLOPs of `tokens` tokens, `projected` of them through the LM
-    head (see the module docstring)."""
-    layers = (
-        2 * shape.non_embedding + 4 * trainable_layer_parameters(shape, frozen_layers)
-    ) * tokens
+    head (see the module docstring). With LoRA the backward carries the gradient to every
+    layer's input (2 x layer parameters) but computes no weight gradient but the adapters'
+    (left out, as small as the rank)."""
+    backward = (
+        2 * shape.non_embedding if lora else 4 * trainable_layer_parameters(shape, frozen_layers)
+    )
+    layers = (2 * shape.non_embedding + backward) * tokens
     return float(layers + 4 * shape.lm_head * projected)
 
 
@@ -189,7 +203,6 @@ def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured
     from tasks.dpo import dpo_trl_args
     from tasks.sft import sft_trl_args
     from training.job import TrainingJob
-    from training.launch import launch
 
     trainer, extra, job_fields = VARIANTS[name]
     if trainer == "sft":
@@ -207,15 +220,16 @@ def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured
         store = f"file://{work / 'store'}"
         job_fields["checkpoint"] = {"store_url": store, "url": f"{store}/sft/checkpoint",
                                     "key": "bench", "every_steps": every}  # fmt: skip
+    frozen_layers = job_fields.pop("frozen_layers", args.frozen_layers)
     job = TrainingJob(
         model_dir=str(model_dir), data_file=str(data), output_dir=str(work / "model"),
-        max_length=args.max_length, frozen_layers=args.frozen_layers,
+        max_length=args.max_length, frozen_layers=frozen_layers,
         trl_args={**trl_args, **extra, "output_dir": str(work / "trl"), "report_to": "none"},
         **job_fields,
     )  # fmt: skip
     metrics_file = work / "metrics.json"
     print(f"training: {name} ...", file=sys.stderr)
-    launch(
+    peak_kb = launch_measuring_peak(
         f"training.{trainer}", job.save(work / "job.json"), work / "train.log",
         extra_env={"FLYWHEEL_METRICS_FILE": str(metrics_file)},
     )  # fmt: skip
@@ -223,7 +237,7 @@ def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured
     rows, real, processed = token_counts(trainer, records, model_dir, args.max_length)
     every_position = job_fields.get("score_every_position", False)
     projected = processed if every_position else int(metrics["loss_tokens_per_epoch"])
-    flops = training_flops(shape, processed, projected, args.frozen_layers)
+    flops = training_flops(shape, processed, projected, frozen_layers, "lora" in job_fields)
     if trainer == "dpo":  # the reference model's forward: once before training, or every step
         flops += 2 * shape.non_embedding * processed + 2 * shape.lm_head * projected
     return Measured(
@@ -232,7 +246,35 @@ def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured
         final_loss=float(metrics["train_loss"]), flops=flops,
         checkpoints=int(metrics.get("checkpoints_saved", 0)),
         checkpoint_seconds=float(metrics.get("checkpoint_seconds", 0.0)),
+        peak_rss_mb=peak_kb / 1024,
     )  # fmt: skip
+
+
+def launch_measuring_peak(module: str, job_file: Path, log_file: Path, extra_env: dict) -> int:
+    """`training.launch.launch` in a forked child of its own, so that the trainer is that
+    child's only child and `RUSAGE_CHILDREN`'s ru_maxrss is the trainer's peak resident memory
+    (KiB on Linux), not the largest of every variant so far."""
+    import resource
+
+    from training.launch import launch
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing of torch runs here, only the launch
+        code = 1
+        try:
+            launch(module, job_file, log_file, extra_env=extra_env)
+            code = 0
+        finally:
+            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+            os.write(write, str(peak).encode())
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        peak = int(answer.read() or 0)
+    if os.waitpid(pid, 0)[1] != 0:
+        raise RuntimeError(f"{module} failed: see {log_file}")
+    return peak
 
 
 def report(results: list[Measured], info: dict) -> str:
@@ -242,14 +284,14 @@ def report(results: list[Measured], info: dict) -> str:
         f"{info['layers']} layers frozen, max_length {info['max_length']}",
         "",
         "| variant | rows | trained tokens | padding | steps | train s | trained tok/s "
-        "| model GFLOP/s | of matmul bound | train loss |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model GFLOP/s | of matmul bound | train loss | peak RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in results:
         lines.append(
             f"| {m.variant} | {m.rows} | {m.real_tokens:,} | {m.padding:.1%} | {m.steps} "
             f"| {m.seconds:.1f} | {m.tokens_per_s:.1f} | {m.flops / m.seconds / 1e9:.1f} "
-            f"| {m.flops / m.seconds / bound:.1%} | {m.final_loss:.4f} |"
+            f"| {m.flops / m.seconds / bound:.1%} | {m.final_loss:.4f} | {m.peak_rss_mb:,.0f} |"
         )
     base = {m.trainer: m for m in results if m.variant == m.trainer}
     lines += ["", "| variant | trained tok/s vs the shipped trainer |", "|---|---:|"]
@@ -257,6 +299,7 @@ def report(results: list[Measured], info: dict) -> str:
         if m.trainer in base and m.variant != m.trainer:
             lines.append(f"| {m.variant} | {m.tokens_per_s / base[m.trainer].tokens_per_s:.2f}x |")
     lines += checkpoint_lines(results)
+    lines += lora_lines(results)
     lines += [
         "",
         f"float32 {info['matmul_size']}x{info['matmul_size']} matmul on {info['threads']} "
@@ -265,6 +308,26 @@ def report(results: list[Measured], info: dict) -> str:
         f"{info['date']}. Command: `{info['command']}`.",
     ]
     return "\n".join(lines)
+
+
+def lora_lines(results: list[Measured]) -> list[str]:
+    """LoRA against training every layer of the same trainer, measured in the same run: the
+    ratio of trained tokens/s and of the trainer's peak memory."""
+    full = {m.trainer: m for m in results if m.variant == f"{m.trainer}, all layers trained"}
+    pairs = [(m, full[m.trainer]) for m in results if "lora" in m.variant and m.trainer in full]
+    if not pairs:
+        return []
+    lines = [
+        "",
+        "| variant | tok/s vs all layers trained | peak RSS vs all layers |",
+        "|---|---:|---:|",
+    ]
+    for lora, whole in pairs:
+        lines.append(
+            f"| {lora.variant} | {lora.tokens_per_s / whole.tokens_per_s:.2f}x "
+            f"| {lora.peak_rss_mb / whole.peak_rss_mb:.2f}x |"
+        )
+    return lines
 
 
 def checkpoint_lines(results: list[Measured]) -> list[str]:
