@@ -262,6 +262,11 @@ def stage(name: str, launches: tuple[str, ...] = ()):
     return decorate
 
 
+# What a redone stage keeps of an earlier attempt: its trainer's checkpoints, each recorded with
+# the key it was written for (training/checkpoint.py resumes only a matching one).
+KEPT_ON_REDO = ("checkpoint",)
+
+
 def run_body(
     body, inputs: BaseModel, run: StageRun, keyed: dict, code: StageCode | None = None
 ) -> Manifest:
@@ -269,6 +274,10 @@ def run_body(
     stage's MLflow run FAILED (KILLED when told to stop), never FINISHED."""
     try:
         run.key = run.store.stage_key(keyed, code)[0]  # as `publish` keys it
+        if left := run.store.clear_stage_folder(run.url, keep=KEPT_ON_REDO):
+            print(
+                f"stage {run.name} ({run.url}): removed {len(left)} files an earlier attempt left"
+            )
         result = body(inputs, run)
         manifest = Manifest(stage=run.name, url=run.url, **result.model_dump())
         return run.store.publish(manifest, keyed, code)

@@ -109,6 +109,23 @@ class ArtifactStore:
         if self.exists(url):
             self.fs.rm(self._path(url))
 
+    def clear_stage_folder(self, url: str, keep: tuple[str, ...] = ()) -> list[str]:
+        """Remove what an earlier attempt left in a stage's folder, so a redone stage publishes
+        only what it writes now. Entries named in `keep` stay (a trainer's keyed checkpoints,
+        which it resumes from), and so does any folder below holding a published stage."""
+        url = url.rstrip("/")
+        files = self.list_files(url)
+        nested = {f.rsplit("/", 1)[0] for f in files if f.endswith("/" + MANIFEST)} - {url}
+        removed = [
+            f
+            for f in files
+            if f[len(url) + 1 :].split("/", 1)[0] not in keep
+            and not any(f.startswith(folder + "/") for folder in nested)
+        ]
+        for f in removed:
+            self.remove(f)
+        return removed
+
     def write_text(self, url: str, text: str) -> str:
         self.fs.makedirs(self._path(url).rsplit("/", 1)[0], exist_ok=True)
         with self.fs.open(self._path(url), "w") as f:

@@ -28,15 +28,18 @@ from ops.shutdown import flow_process, stopping_children_on_error
 
 
 def preflight(cfg) -> ArtifactStore:
-    """Refuse a run whose storage cannot be written or whose trainer settings trl rejects."""
+    """Refuse a run whose storage cannot be written or whose trainer settings trl rejects.
+
+    The checks that create nothing come first: a config refused for its tasks or trainer
+    settings leaves no MLflow database behind (a local store is created by its check)."""
     store = open_store(cfg.storage_url)
-    check_mlflow(cfg)
     check_trainer_settings(cfg)
     check_task_lists(cfg)
     from agents.chat_template import check_model
 
     check_model(cfg.model, cfg.env)  # a Hub id resolves (downloads) now; its template renders
     make_task_runner(cfg)  # a missing prefect-dask / prefect-ray is named now, not mid-run
+    check_mlflow(cfg)
     return store
 
 
@@ -460,9 +463,10 @@ def cli_main(
         if args.print_config:
             print(config_yaml(cfg), end="")
             return 0
-        store = preflight(cfg)
         if not campaign:  # a campaign run waits for its slot, then for the lock
-            RunLock(store.root, cfg.run_name).check(cfg.break_lock)
+            # before the other checks: a held run is refused before any database or server
+            RunLock(open_store(cfg.storage_url).root, cfg.run_name).check(cfg.break_lock)
+        preflight(cfg)
     except (ConfigError, OSError, RunLocked) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

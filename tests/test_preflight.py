@@ -56,11 +56,20 @@ def test_cli_refuses_malformed_yaml_without_a_traceback(tmp_path, capsys):
     ],
 )
 def test_cli_refuses_more_tasks_than_the_split_holds(tmp_path, capsys, override, available):
-    code = main([f"storage_url={tmp_path}/runs", "env.max_expert_steps=4", override])
+    database = tmp_path / "mlflow.db"
+    code = main(
+        [
+            f"storage_url={tmp_path}/runs",
+            f"mlflow_tracking_uri=sqlite:///{database}",
+            "env.max_expert_steps=4",
+            override,
+        ]
+    )
     error = capsys.readouterr().err
     assert code == 2, error
     field = override.split("=")[0]
     assert f"{override}:" in error and available in error and f"leave {field} unset" in error
+    assert not database.exists()  # refused before the MLflow store was created
 
 
 def test_all_tasks_of_the_split_may_be_asked_for(tmp_path):

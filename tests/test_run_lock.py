@@ -142,10 +142,13 @@ def test_cli_refuses_a_run_held_elsewhere_before_any_work(tmp_path, capsys):
 
     lock = RunLock(str(tmp_path / "runs"), "eto-textcraft")
     plant(lock, host="gpu-7", pid=4242)
-    code = main([f"storage_url={tmp_path}/runs"])
+    database = tmp_path / "mlflow.db"
+    code = main([f"storage_url={tmp_path}/runs", f"mlflow_tracking_uri=sqlite:///{database}"])
     error = capsys.readouterr().err
     assert code == 2, error
     assert "run 'eto-textcraft' is held by gpu-7/pid 4242" in error and "--break-lock" in error
+    assert "Traceback" not in error
+    assert not database.exists()  # refused before the MLflow store was created
 
 
 TOY = {"storage_url": None, "run_name": "toy", "env": {"train_tasks": 2, "test_tasks": 1}}

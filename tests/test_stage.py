@@ -64,6 +64,35 @@ def test_the_body_runs_once_and_its_result_is_published_then_served(store):
     assert len(calls) == 3
 
 
+def test_a_redone_stage_starts_from_an_empty_folder_but_keeps_its_checkpoints(store):
+    """Files an earlier attempt left (a stray optimizer state) are not published by the redo;
+    a trainer's keyed checkpoints and a stage published below stay."""
+    out = StageOutput(store_url=store.root, url=store.url("run/count"))
+    store.write_text(f"{out.url}/optimizer.pt", "left by a killed attempt")
+    store.write_text(f"{out.url}/checkpoint/step-2/_CHECKPOINT.json", "{}")
+    store.write_text(f"{out.url}/inner/x.txt", "a stage of its own")
+    store.publish(Manifest(stage="inner", url=f"{out.url}/inner"))
+    done = count_stage.fn(CountInputs(text_url=store.url("data/text.txt"), repeat=1), out)
+    assert "optimizer.pt" not in done.checksums and not store.exists(f"{out.url}/optimizer.pt")
+    assert store.exists(f"{out.url}/checkpoint/step-2/_CHECKPOINT.json")
+    assert store.exists(f"{out.url}/inner/x.txt") and store.read_manifest(f"{out.url}/inner")
+
+
+def test_the_checkpoint_folder_a_redo_keeps_is_the_one_trainers_write():
+    from flywheel.stage import KEPT_ON_REDO
+    from training.checkpoint import checkpoint_plan
+
+    class Run:
+        store = ArtifactStore("/tmp/store")
+        key = "k"
+
+        def file(self, name):
+            return f"file:///tmp/store/s/{name}"
+
+    folder = checkpoint_plan(Run(), 5)["url"].rsplit("/", 1)[-1]
+    assert folder in KEPT_ON_REDO
+
+
 def test_the_key_is_the_stage_and_its_inputs_with_an_environment_as_its_identity():
     class EnvInputs(BaseModel):
         env: EnvSettings
