@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast mutation lint bench bench-kv-cache bench-sandbox bench-mcts gpu-checklist bench-env bench-train bench-efficacy bench-agent-r1 services deploy worker
+.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast mutation lint bench bench-kv-cache bench-sandbox bench-chaos bench-mcts gpu-checklist bench-env bench-train bench-efficacy bench-agent-r1 services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -71,6 +71,12 @@ bench-sandbox: install
 
 bench-mcts: install
 	$(PY) bench/mcts_restore.py
+
+# The tiny ETO campaign on two environment servers, the flow, trainers, vLLM's engine and the
+# servers killed at seeded moments and resumed; the store compared with an undisturbed run's
+# (bench/results-chaos.md; hours on 2 cores)
+bench-chaos: install
+	$(PY) bench/chaos.py --kills 12 --seed 0
 
 # On a CUDA machine: bandwidth, vLLM against the decode bound, SFT/DPO/RL step time and memory
 # (full and LoRA, a 1.7B-shaped model), ZeRO-2/3, an ETO round: bench/results-gpu-checklist.md.
