@@ -11,6 +11,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 from safetensors.torch import load_file
+from test_checkpoint_resume import expert_data  # noqa: F401  (a fixture: expert trajectories)
 
 from flywheel.settings import DPOSettings, LoRASettings, RLSettings, SFTSettings
 from flywheel.stage import StageOutput, StageRun
@@ -170,3 +171,31 @@ def test_dpo_with_lora_references_the_base_and_publishes_a_merged_model(
     first = next(e for e in history if "loss" in e)
     # the first step's policy is the base itself: its rewards (policy vs reference) are zero
     assert first["rewards/chosen"] == 0.0 == first["rewards/rejected"]
+
+
+@pytest.mark.slow
+def test_sft_with_lora_killed_mid_training_resumes_to_the_uninterrupted_result(
+    tmp_path,
+    tiny_model_dir,
+    expert_data,  # noqa: F811  (the fixture imported above)
+    monkeypatch,
+):
+    """A checkpoint of a LoRA run holds the adapters (the Trainer's `adapter_model.safetensors`)
+    and their optimizer state; resumed, the merged model and the per-step losses are the
+    uninterrupted run's."""
+    from test_checkpoint_resume import assert_same_weights, killed_and_resumed
+
+    def make_job(folder: Path, checkpoint: dict | None) -> TrainingJob:
+        monkeypatch.setenv("FLYWHEEL_METRICS_FILE", str(folder / "metrics.json"))
+        job = lora_job(folder, tiny_model_dir, expert_data, num_train_epochs=2)
+        job.checkpoint, job.history_file = checkpoint, str(folder / "history.json")
+        return job
+
+    through, resumed = killed_and_resumed("training.sft", tmp_path, make_job, total_steps=12)
+    assert_same_weights(through[0], resumed[0])
+
+    def per_step(history: list[dict]) -> list[tuple]:
+        return [(e["step"], e["loss"], e["grad_norm"]) for e in history if "loss" in e]
+
+    assert per_step(through[1]) == per_step(resumed[1]) and len(per_step(through[1])) == 12
+    assert resumed[2]["resumed_from_step"] > 0
