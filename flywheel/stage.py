@@ -32,7 +32,7 @@ from flywheel.code_version import StageCode, is_project_module, module_path, sta
 from flywheel.records import FailedStage, Manifest
 from flywheel.settings import EnvSettings, is_keyed
 from flywheel.storage import FAILED, ArtifactStore
-from flywheel.tracking import Tracker, end_status, fenced, short_cause
+from flywheel.tracking import Tracker, end_status, plain_markdown, short_cause
 
 
 class TrackingRef(BaseModel):
@@ -415,13 +415,11 @@ def headline(message: str, limit: int = 200) -> str:
     return first if len(first) <= limit else first[: limit - 1] + "…"
 
 
-MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]<>#|~!])")
-
-
-def plain_markdown(text: str) -> str:
-    """`text` as Markdown that renders as itself: `<frozen runpy>` stays visible (an HTML tag
-    otherwise), `__init__` stays unbolded."""
-    return MARKDOWN_SPECIAL.sub(r"\\\1", text)
+def fenced(text: str) -> list[str]:
+    """`text` in a Markdown code block whose fence no backtick run inside it can close."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, text, fence]
 
 
 def fields_of(params: dict) -> dict:

@@ -18,6 +18,7 @@ from mlflow.tracking import MlflowClient
 
 ERROR_TAG = "flywheel.error"
 ERROR_TAG_CHARS = 5000  # MLflow keeps tag values up to 8000 characters
+NOTE_TAG = "mlflow.note.content"  # a run's description
 # The exception names a failure's first line starts with (`TrainingFailed: ValueError: `).
 EXCEPTION_NAMES = re.compile(r"^(?:[A-Z]\w*(?:Error|Exception|Failed|Failure): )+")
 
@@ -64,13 +65,16 @@ class Tracker:
     def tag_error(self, run_id: str, message: str) -> None:
         """Why the run failed, as the tag MLflow shows as a chip (`flywheel.error`): the message
         leads with its cause (see `training.launch.trainer_failure`), without the exception
-        names (the chip shows ~35 characters). The whole message, names and all, becomes the
-        run's description, which the run's page shows in full."""
+        names (the chip shows ~35 characters); the whole message is the tag's value. The cause
+        and where the log is also become the run's description, which its page shows first."""
         rest = message.strip().splitlines()[1:]
         self.client.set_tag(
             run_id, ERROR_TAG, "\n".join([short_cause(message), *rest])[:ERROR_TAG_CHARS]
         )
-        self.client.set_tag(run_id, "mlflow.note.content", "\n".join(fenced(message.strip())))
+        # The run page's description: the cause and where the log is, as text that wraps (a code
+        # block of the whole message widened the page past the screen).
+        lines = [short_cause(message), *rest[:1]]
+        self.client.set_tag(run_id, NOTE_TAG, "\n\n".join(plain_markdown(line) for line in lines))
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
         for key, value in metrics.items():
@@ -154,8 +158,10 @@ def kill_run(tracking_uri: str, run_id: str) -> None:
         client.set_terminated(run_id, "KILLED")
 
 
-def fenced(text: str) -> list[str]:
-    """`text` in a Markdown code block whose fence no backtick run inside it can close."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return [fence, text, fence]
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]<>#|~!])")
+
+
+def plain_markdown(text: str) -> str:
+    """`text` as Markdown that renders as itself: `<frozen runpy>` stays visible (an HTML tag
+    otherwise), `__init__` stays unbolded."""
+    return MARKDOWN_SPECIAL.sub(r"\\\1", text)

@@ -236,8 +236,10 @@ def test_a_failed_stage_is_named_tagged_described_and_superseded_by_its_rerun(tm
     )
     assert child.data.tags["mlflow.runName"] == "work/round-1"
     assert child.data.tags["flywheel.error"].splitlines()[0] == cause
-    # The run page's description: the whole message, its exception name too, in a code block.
-    assert child.data.tags["mlflow.note.content"].startswith(f"```\nRuntimeError: {cause}\n")
+    # The run page's description: the cause, then the message's next line, as plain text.
+    cause_paragraph, next_paragraph = child.data.tags["mlflow.note.content"].split("\n\n")
+    assert rendered_text(cause_paragraph) == cause
+    assert rendered_text(next_paragraph) == "the log: train.log"
 
     assert one_stage(False, return_state=True).is_completed()
     failure, superseded = artifact_versions(f"{run_name}-failed-work")
