@@ -73,7 +73,13 @@ def _spawn(name: str, cmd: list[str], log: Path, env: dict | None = None) -> sub
 
 def start_prefect_server(home: Path, port: int = 4200, env: dict | None = None) -> Service:
     """`prefect server start` with its database under `home` (PREFECT_HOME)."""
-    env = {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **(env or {})}
+    # The UI asks the API at PREFECT_UI_API_URL, which defaults to port 4200, not `--port`: on
+    # another port its pages stay empty ("Oops. Something went wrong", seen in a browser).
+    ui_api = os.environ.get("PREFECT_UI_API_URL", f"http://127.0.0.1:{port}/api")
+    env = {
+        "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_API_URL": ui_api, **(env or {}),
+    }  # fmt: skip
     bin_dir = Path(sys.executable).parent
     cmd = [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     log = home / "prefect-server.log"
