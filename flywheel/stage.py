@@ -115,6 +115,13 @@ Planner = Callable[[str, dict, StageCode, "StageOutput"], Manifest]
 PLANNER: ContextVar[Planner | None] = ContextVar("flywheel_planner", default=None)
 
 
+def active_planner() -> Planner | None:
+    """The planner set by `planning`, if any. Stage functions call this rather than reading
+    `PLANNER` themselves: Dask pickles a stage's function by value, and a ContextVar it
+    referenced directly cannot be pickled (this function is pickled by reference)."""
+    return PLANNER.get()
+
+
 @contextmanager
 def planning(planner: Planner) -> Iterator[None]:
     """Stages called inside are answered by `planner` (a dry run of a recipe), not run."""
@@ -138,7 +145,7 @@ class StageTask(Task):
     planning, calls and maps go straight to the function: no Prefect run, no API."""
 
     def __call__(self, *args, return_state: bool = False, wait_for=None, **kwargs):
-        if PLANNER.get() is not None:
+        if active_planner() is not None:
             return self.fn(*args, **kwargs)
         result = super().__call__(*args, return_state=return_state, wait_for=wait_for, **kwargs)
         if not return_state and isinstance(result, State):
@@ -146,7 +153,7 @@ class StageTask(Task):
         return result
 
     def map(self, *args, **kwargs):
-        if PLANNER.get() is None:
+        if active_planner() is None:
             return super().map(*args, **kwargs)
         n = len(args)  # one call per row of the mapped lists, as Prefect's map
         rows = zip(*args, *kwargs.values(), strict=True)
@@ -239,7 +246,7 @@ def stage(name: str, launches: tuple[str, ...] = ()):
 
         def run_stage(inputs: BaseModel, out: StageOutput) -> Manifest:
             keyed, code = cache_inputs(name, inputs), stage_code(code_roots)
-            if (planner := PLANNER.get()) is not None:
+            if (planner := active_planner()) is not None:
                 return planner(name, keyed, code, out)
             store = ArtifactStore(out.store_url)
             tracker = out.tracking.tracker() if out.tracking else None
