@@ -180,7 +180,9 @@ class KillPlanner:
     def __init__(self, seed: int, kinds=KINDS, max_delay_s: dict[str, float] | None = None):
         self.random = random.Random(seed)
         self.kinds = list(kinds)
-        self.max_delay_s = {"flow": 60.0, "trainer": 10.0, "vllm": 15.0, "server": 10.0}
+        # A server is killed at most 3 s after episodes start: the tiny campaign's episodes
+        # end within seconds, and a later kill met no request in flight (last stop's run 2).
+        self.max_delay_s = {"flow": 60.0, "trainer": 10.0, "vllm": 15.0, "server": 3.0}
         self.max_delay_s |= max_delay_s or {}
         self._block: list[str] = []
 
