@@ -7,12 +7,11 @@ answers are checked against the same recordings in tests/test_serve_agentgym_com
 from __future__ import annotations
 
 import gzip
-import http.server
 import json
-import threading
 from pathlib import Path
 
 import pytest
+from json_server import ScriptedJSONServer
 
 from envs.agentgym import (
     DIALECTS,
@@ -26,7 +25,7 @@ from envs.agentgym import (
 FAST = ClientSettings(timeout_s=2.0, connect_timeout_s=0.5, retries=0, backoff_s=0.01)
 
 
-class AgentGymTextCraftFake:
+class AgentGymTextCraftFake(ScriptedJSONServer):
     """AgentGym's TextCraft server in miniature: ids it created, and its error texts. `restart()`
     forgets every id, as a restarted server does; `goal` is its task text (hash-seed dependent
     on the real server)."""
@@ -37,25 +36,7 @@ class AgentGymTextCraftFake:
         self.goal, self.gone_text = goal, gone_text
         self.known: set[int] = set()
         self.next_id = 0
-        fake = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
-                answer = fake.answer(self.path, body)
-                data = json.dumps(answer).encode()
-                self.send_response(200)  # AgentGym answers its errors with HTTP 200 too
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        super().__init__()
 
     def answer(self, path: str, body: dict) -> object:
         if path == "/create":
@@ -72,11 +53,6 @@ class AgentGymTextCraftFake:
 
     def restart(self) -> None:
         self.known.clear()
-
-    def close(self) -> None:
-        if self.httpd.socket.fileno() != -1:
-            self.httpd.shutdown()
-            self.httpd.server_close()  # refuse connections, as a dead server does
 
 
 @pytest.fixture

@@ -14,8 +14,6 @@ archive` export holding agentenv-textcraft), e.g. `git clone https://github.com/
 
 from __future__ import annotations
 
-import http.server
-import json
 import os
 import socket
 import subprocess
@@ -26,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from json_server import ScriptedJSONServer
 from starlette.testclient import TestClient
 
 from envs import make_env
@@ -143,7 +142,7 @@ def test_many_episodes_stepped_at_once_across_a_restart_keep_their_own_tasks(tex
         server.kill()
 
 
-class SequentialIdsServer:
+class SequentialIdsServer(ScriptedJSONServer):
     """A server that numbers sessions 0, 1, 2, ... as AgentGym's do, whose observations name the
     session's task and step count (so a step in another episode's session shows), and which can
     hold a step in flight: a step with action "hold" waits, once it has arrived, until
@@ -153,24 +152,7 @@ class SequentialIdsServer:
         self.sessions: dict[int, dict] = {}
         self.next_id = 0
         self.arrived, self.release = threading.Event(), threading.Event()
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                data = json.dumps(server.answer(self.path, body)).encode()
-                self.send_response(200)
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        super().__init__()
 
     def answer(self, path: str, body: dict):
         if path == "/create":
@@ -196,10 +178,6 @@ class SequentialIdsServer:
     def restart(self) -> None:
         self.sessions.clear()
         self.next_id = 0
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def test_no_session_is_created_while_a_step_for_an_old_one_is_in_flight():
