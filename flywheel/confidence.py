@@ -1,10 +1,13 @@
 """How sure a success rate is: the Wilson score interval, which stays inside [0, 1] and is
 honest for the small n and the rates near 0 that agent evaluations have (4 of 26 solved reads
-15.4% [6.2%, 33.5%])."""
+15.4% [6.2%, 33.5%]); and paired comparisons of two stages evaluated on the same tasks (the exact
+McNemar test, a paired bootstrap interval of the difference, the tasks a difference needs)."""
 
 from __future__ import annotations
 
 import math
+import random
+import statistics
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
@@ -22,3 +25,84 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
     low = 0.0 if successes == 0 else max(0.0, centre - half)  # exact ends, no rounding dust
     high = 1.0 if successes == n else min(1.0, centre + half)
     return low, high
+
+
+# Paired comparisons. Every stage of a run is evaluated on the same tasks, so two stages are
+# compared task by task: a task one stage solves and the other does not is the evidence, and the
+# tasks both solve (or both fail) say nothing about the difference. Two independent intervals
+# ignore that pairing and are far less sensitive.
+
+
+def mcnemar_exact(gained: int, lost: int) -> float:
+    """Two-sided exact McNemar p-value: under "no difference" each of the `gained + lost`
+    discordant tasks is a fair coin, so the p-value is twice the binomial tail of the smaller
+    count (capped at 1). 7 gained, 1 lost: 2 * (1 + 8) / 2^8 = 0.0703125."""
+    if gained < 0 or lost < 0:
+        raise ValueError(f"negative counts: {gained} gained, {lost} lost")
+    n = gained + lost
+    tail = sum(math.comb(n, k) for k in range(min(gained, lost) + 1))
+    return min(1.0, 2 * tail / 2**n)
+
+
+def gained_and_lost(before: dict[str, bool], after: dict[str, bool]) -> tuple[int, int]:
+    """Tasks `after` solves that `before` did not, and the reverse, over the tasks both read."""
+    shared = before.keys() & after.keys()
+    gained = sum(after[t] and not before[t] for t in shared)
+    lost = sum(before[t] and not after[t] for t in shared)
+    return gained, lost
+
+
+def _percentiles(values: list[float]) -> tuple[float, float]:
+    """The 2.5% and 97.5% percentiles of `values` (sorted here), as the resamples' order
+    statistics: no interpolation, so a point mass gives a point."""
+    values = sorted(values)
+    n = len(values)
+    return values[int(0.025 * n)], values[max(int(0.975 * n) - 1, 0)]
+
+
+def paired_bootstrap(
+    before: dict[str, bool], after: dict[str, bool], resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """95% percentile interval of the difference in success rate, after minus before, from a
+    bootstrap over tasks: each resample draws tasks with replacement and keeps both stages'
+    outcomes on a drawn task together (the pairing)."""
+    return paired_bootstrap_over_seeds([(before, after)], resamples, seed)
+
+
+def paired_bootstrap_over_seeds(
+    pairs: list[tuple[dict[str, bool], dict[str, bool]]],
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """As `paired_bootstrap`, pooled over runs (seeds) that evaluated the same tasks: each
+    resample draws seeds with replacement and tasks with replacement (the same tasks for every
+    drawn seed: seeds share tasks, so their episodes are not independent draws), and takes the
+    mean of after minus before over the drawn (seed, task) cells."""
+    if not pairs:
+        raise ValueError("no runs to compare")
+    tasks = sorted(set.intersection(*(set(b) & set(a) for b, a in pairs)))
+    if not tasks:
+        raise ValueError("the two stages share no task")
+    differences = [{t: int(a[t]) - int(b[t]) for t in tasks} for b, a in pairs]
+    rng = random.Random(seed)
+    means = []
+    for _ in range(resamples):
+        runs = [rng.choice(differences) for _ in differences]
+        picked = [rng.choice(tasks) for _ in tasks]
+        means.append(sum(run[t] for run in runs for t in picked) / (len(runs) * len(picked)))
+    return _percentiles(means)
+
+
+def mcnemar_tasks_needed(
+    discordant: float, difference: float, alpha: float = 0.05, power: float = 0.8
+) -> int:
+    """Paired tasks a two-sided McNemar test at level `alpha` needs to detect a difference
+    `difference` (gained share minus lost share) with probability `power`, when a share
+    `discordant` of tasks (gained plus lost) differ between the stages (Connor 1987, the normal
+    approximation): n = (z_a * sqrt(d) + z_b * sqrt(d - diff^2))^2 / diff^2."""
+    if not 0 < abs(difference) <= discordant <= 1:
+        raise ValueError(f"need 0 < |difference| <= discordant <= 1: {difference}, {discordant}")
+    normal = statistics.NormalDist()
+    z_alpha, z_beta = normal.inv_cdf(1 - alpha / 2), normal.inv_cdf(power)
+    root = z_alpha * math.sqrt(discordant) + z_beta * math.sqrt(discordant - difference**2)
+    return math.ceil(root**2 / difference**2)
