@@ -7,14 +7,24 @@ served from their manifests. Then, per stage:
 
 - mean success rate over seeds, with a 95% interval from a bootstrap over seeds and tasks (both
   resampled: seeds share tasks, so episodes are not independent draws);
+- against the stage it started from (SFT against untrained, round 1 against SFT, ...; read from
+  each run's `paired.json`), pooled over seeds x tasks: tasks gained and lost, the exact McNemar
+  p-value on the pooled discordant pairs, and a paired bootstrap interval of the difference;
 - tokens trained to reach the stage (SFT, DPO and revision SFT rows x epochs, cumulative) and the
   recipe's wall time;
 - per seed, whether the orderings the papers predict hold: SFT < ETO round 1 <= ETO round 2, and
   ETO's last round <= Agent-R's last round.
 
-It writes a markdown report and a learning-curve plot. The command, machine and date go in it.
+It writes a markdown report and a learning-curve plot (rates, and differences from each stage's
+start). The command, machine and date go in it, and so do the split the rates are on and the
+validation and test task ids, checked disjoint from each other and from the train tasks.
+
+Every run holds the same `VALIDATION_TASKS` train tasks out (never trained on). `--split
+validation` evaluates on them: for choosing settings. `--split test` (the default) evaluates on
+the test tasks: for the reported tables only (docs/evaluation.md).
 
     python bench/efficacy.py                          # 3 seeds, the budget below (2 CPU cores)
+    python bench/efficacy.py --split validation       # the same runs, read on validation
     python bench/efficacy.py --seeds 0 --rounds 1     # one seed, one round: a quick look
     python bench/efficacy.py --gpu                    # one GPU: every train task each round
 
@@ -39,17 +49,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flywheel.confidence import wilson_interval  # noqa: E402
+from flywheel.confidence import (  # noqa: E402
+    gained_and_lost,
+    mcnemar_exact,
+    paired_bootstrap_over_seeds,
+    wilson_interval,
+)
 
 RECIPES = {  # recipe -> (flow module, shipped config)
     "eto": ("flows.eto", "configs/eto_textcraft.yaml"),
     "agent-r": ("flows.agent_r", "configs/agent_r_textcraft.yaml"),
 }
-# The budget on top of the shipped configs: every easy train task, every easy held-out task,
-# and (with --rounds 2) twice the demos' rounds. Per recipe, the slice of train tasks a round
+# The budget on top of the shipped configs: every easy train task less the validation split,
+# every easy held-out task, and (with --rounds 2) twice the demos' rounds. Per recipe, the slice of train tasks a round
 # explores or searches: ETO twice the demo's 16; Agent-R 32 a round, so its two rounds search
 # the 64 tasks of the demo's one and the bench fits in about two hours on 2 cores.
-BUDGET = ["env.train_tasks=99", "env.test_tasks=26", "env.max_expert_steps=4"]
+# Of the 99 easy train tasks, 20 are held out as the validation split (seeded apart from the
+# run's seed, so every seed holds out the same ones), leaving 79 to train on.
+VALIDATION_TASKS = 20
+BUDGET = [
+    "env.test_tasks=26", "env.max_expert_steps=4", f"env.validation_tasks={VALIDATION_TASKS}",
+]  # fmt: skip
 RECIPE_BUDGET = {
     "eto": ["explore.tasks_per_round=32"],
     "agent-r": ["mcts.tasks_per_round=32", "baselines=false"],
@@ -80,6 +100,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results-efficacy.md")
     parser.add_argument("--bootstrap", type=int, default=2000, help="resamples for the intervals")
     parser.add_argument(
+        "--split", choices=["test", "validation"], default="test",
+        help="what the rates are on: validation while choosing settings, test for reporting",
+    )  # fmt: skip
+    parser.add_argument(
         "--gpu", action="store_true", help="the GPU budget: every train task each round, no "
         "layer frozen (see GPU_BUDGET)"
     )  # fmt: skip
@@ -94,13 +118,57 @@ def run_name(recipe: str, seed: int) -> str:
     return f"efficacy-{recipe}-seed{seed}"
 
 
+def evaluate_folder(split: str) -> str:
+    """Where a run keeps its evaluations on `split` (ops/driver.py): both splits' evaluations
+    live in one run, whose training stages serve either."""
+    return "evaluate" if split == "test" else f"evaluate-{split}"
+
+
+def split_overrides(split: str) -> list[str]:
+    return [f"evaluate.split={split}"]
+
+
+def recipe_settings(recipe: str, args) -> list[str]:
+    """Every override a run of `recipe` gets, past its shipped config."""
+    return [
+        f"rounds={args.rounds}", *BUDGET, *recipe_budget(recipe, args.gpu),
+        *split_overrides(args.split), *args.set,
+    ]  # fmt: skip
+
+
+def task_splits(recipe: str, overrides: list[str], seed: int) -> dict[str, list[str]]:
+    """The train tasks a run of `recipe` trains on, and its validation and test tasks, as the
+    flow computes them; refused when any two share a task."""
+    from agents.rollout import task_list
+    from envs import make_env
+    from flywheel.settings import AgentRConfig, ETOConfig, load_config
+    from tasks.evaluate import evaluation_splits
+
+    model = {"eto": ETOConfig, "agent-r": AgentRConfig}[recipe]
+    settings = load_config(model, str(ROOT / RECIPES[recipe][1]), [*overrides, f"seed={seed}"])
+    env = make_env(settings.env)
+    splits = {"train": task_list(env, "train", settings.env, seed)}
+    splits.update(evaluation_splits(env, settings.env, seed))
+    check_disjoint(splits)
+    return splits
+
+
+def check_disjoint(splits: dict[str, list[str]]) -> None:
+    names = sorted(splits)
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            shared = sorted(set(splits[first]) & set(splits[second]))
+            if shared:
+                raise ValueError(f"the {first} and {second} tasks share {shared}")
+
+
 def run_recipe(recipe: str, seed: int, args) -> float:
     """Run one recipe on one seed to the end; its wall time in seconds."""
     module, config = RECIPES[recipe]
     command = [
         sys.executable, "-m", module, "--config", str(ROOT / config),
-        f"storage_url={args.store}", f"run_name={run_name(recipe, seed)}", f"seed={seed}",
-        f"rounds={args.rounds}", *BUDGET, *recipe_budget(recipe, args.gpu), *args.set,
+        f"storage_url={args.store}", f"run_name={run_name(recipe, seed)}",
+        f"seed={seed}", *recipe_settings(recipe, args),
     ]  # fmt: skip
     print("+", shlex.join(command), flush=True)
     started = time.monotonic()
@@ -108,11 +176,13 @@ def run_recipe(recipe: str, seed: int, args) -> float:
     return time.monotonic() - started
 
 
-def stage_outcomes(store: Path, recipe: str, seed: int) -> dict[str, dict[str, bool]]:
+def stage_outcomes(
+    store: Path, recipe: str, seed: int, split: str = "test"
+) -> dict[str, dict[str, bool]]:
     """Stage label -> task id -> solved, from the run's evaluation trajectories."""
-    folder = store / run_name(recipe, seed) / "evaluate"
-    outcomes = {}
-    for stage in json.loads((store / run_name(recipe, seed) / "results.json").read_text()):
+    run = store / run_name(recipe, seed)
+    folder, outcomes = run / evaluate_folder(split), {}
+    for stage in json.loads((run / "results.json").read_text()):
         label = stage["stage"]
         lines = (folder / label / "trajectories.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines if line.strip()]
@@ -120,14 +190,21 @@ def stage_outcomes(store: Path, recipe: str, seed: int) -> dict[str, dict[str, b
     return outcomes
 
 
+def stage_starts(store: Path, recipe: str, seed: int) -> dict[str, str]:
+    """Stage label -> the stage it started from, as the run's report paired them."""
+    paired = store / run_name(recipe, seed) / "paired.json"
+    rows = json.loads(paired.read_text()) if paired.exists() else []
+    return {row["stage"]: row["started_from"] for row in rows}
+
+
 def tokens_trained(store: Path, recipe: str, seed: int) -> dict[str, int]:
     """Trainer folder -> tokens its training forwarded (rows' tokens x epochs)."""
-    tokens = {}
-    for manifest in sorted((store / run_name(recipe, seed)).rglob("_MANIFEST.json")):
+    tokens, run = {}, store / run_name(recipe, seed)
+    for manifest in sorted(run.rglob("_MANIFEST.json")):
         data = json.loads(manifest.read_text())
         metrics = data.get("metrics", {})
         if "tokens_per_epoch" in metrics:
-            folder = manifest.parent.relative_to(store / run_name(recipe, seed))
+            folder = manifest.parent.relative_to(run)
             tokens[str(folder)] = round(metrics["tokens_per_epoch"] * metrics.get("epoch", 1))
     return tokens
 
@@ -179,13 +256,19 @@ def orderings(per_seed: dict[str, dict[str, float]], rounds: int) -> list[str]:
     return lines
 
 
-def learning_curve(curves: dict[str, list[tuple[str, float, float, float]]], path: Path) -> None:
+def learning_curve(
+    curves: dict[str, list[tuple[str, float, float, float]]],
+    path: Path,
+    differences: dict[str, list[dict]] | None = None,
+) -> None:
+    """Left: each stage's mean success with its interval. Right: each stage's difference from
+    the stage it started from, with its paired interval (0: no change)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+    fig, (ax, right) = plt.subplots(1, 2, figsize=(12, 3.8), dpi=100)
     for recipe, points in curves.items():
         xs = list(range(len(points)))
         means = [100 * p[1] for p in points]
@@ -197,6 +280,24 @@ def learning_curve(curves: dict[str, list[tuple[str, float, float, float]]], pat
     ax.set_xlabel("stage (untrained, SFT, rounds)")
     ax.set_ylabel("held-out success (%)\nbars: 95% bootstrap interval")
     ax.legend()
+    right.axhline(0, color="#999999", linewidth=1)
+    x = 0
+    for recipe, rows in (differences or {}).items():
+        xs = list(range(x, x + len(rows)))
+        values = [100 * r["difference"] for r in rows]
+        errors = [
+            [100 * (r["difference"] - r["low"]) for r in rows],
+            [100 * (r["high"] - r["difference"]) for r in rows],
+        ]
+        right.errorbar(xs, values, yerr=errors, fmt="o", capsize=4, label=recipe)
+        for at, r, value in zip(xs, rows, values, strict=True):
+            right.annotate(f"{r['stage']} vs {r['start']}\n+{r['gained']} -{r['lost']}, "
+                           f"p={r['p']:.3f}", (at, value), fontsize=6, xytext=(4, 4),
+                           textcoords="offset points")  # fmt: skip
+        x += len(rows)
+    right.set_xticks([])
+    right.set_ylabel("difference from its start (points)\nbars: 95% paired bootstrap")
+    right.set_title("each stage against the stage it started from", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -214,12 +315,65 @@ def main(argv: list[str] | None = None) -> None:
         write_report(args, store, finished, walls, argv)
 
 
+def paired_row(
+    stage: str, start: str, outcomes: dict[int, dict[str, dict[str, bool]]], resamples: int
+) -> dict | None:
+    """`stage` against `start`, pooled over the seeds that evaluated both: tasks gained and lost
+    (seed x task cells), the mean difference, its bootstrap interval over seeds x tasks, and the
+    exact McNemar p-value on the pooled discordant cells (which treats the cells as independent;
+    the bootstrap does not)."""
+    pairs = [(o[start], o[stage]) for o in outcomes.values() if stage in o and start in o]
+    if not pairs:
+        return None
+    counts = [gained_and_lost(before, after) for before, after in pairs]
+    gained, lost = sum(g for g, _ in counts), sum(lost for _, lost in counts)
+    cells = sum(len(before.keys() & after.keys()) for before, after in pairs)
+    low, high = paired_bootstrap_over_seeds(pairs, resamples)
+    return {
+        "stage": stage, "start": start, "cells": cells, "gained": gained, "lost": lost,
+        "difference": (gained - lost) / cells, "low": low, "high": high,
+        "p": mcnemar_exact(gained, lost),
+    }  # fmt: skip
+
+
+def paired_line(recipe: str, row: dict) -> str:
+    return (
+        f"| {recipe} | {row['stage']} | {row['start']} | {row['cells']} | {row['gained']} "
+        f"| {row['lost']} | {row['difference']:+.1%} | {row['low']:+.1%} to {row['high']:+.1%} "
+        f"| {row['p']:.4f} |"
+    )
+
+
+def splits_lines(args, seeds: list[int]) -> list[str]:
+    """The split the rates are on, and the task lists, checked disjoint for every run."""
+    lists = {
+        (recipe, seed): task_splits(recipe, recipe_settings(recipe, args), seed)
+        for recipe in args.recipes
+        for seed in seeds
+    }
+    first = next(iter(lists.values()))
+    same = all(v == first for v in lists.values())
+    return [
+        f"Rates on the **{args.split}** split (`--split {args.split}`). Every run holds "
+        f"{VALIDATION_TASKS} train tasks out as the validation split and never trains on them; "
+        "settings are chosen on validation, the test split is read only for reported tables.",
+        "",
+        f"- validation tasks ({len(first['validation'])}): {', '.join(first['validation'])}",
+        f"- test tasks ({len(first['test'])}): {', '.join(first['test'])}",
+        f"- train tasks: {len(first['train'])} per run; train, validation and test checked "
+        f"disjoint for every recipe and seed; "
+        + ("the same lists in every run." if same else "the lists differ between runs."),
+    ]
+
+
 def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None:
-    rows, curves, per_seed = [], {}, {s: {} for s in seeds}
+    rows, paired, curves, differences = [], [], {}, {}
+    per_seed = {s: {} for s in seeds}
     for recipe in args.recipes:
-        outcomes = {s: stage_outcomes(store, recipe, s) for s in seeds}
+        outcomes = {s: stage_outcomes(store, recipe, s, args.split) for s in seeds}
         tokens = {s: tokens_trained(store, recipe, s) for s in seeds}
-        curves[recipe] = []
+        starts = {k: v for s in seeds for k, v in stage_starts(store, recipe, s).items()}
+        curves[recipe], differences[recipe] = [], []
         for stage in outcomes[seeds[0]]:
             table = [outcomes[s][stage] for s in seeds if stage in outcomes[s]]
             rates = [sum(t.values()) / len(t) for t in table]
@@ -236,8 +390,16 @@ def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None
                 f"| {trained:,.0f} |"
             )
             curves[recipe].append((stage, mean, low, high))
+            pair = (
+                paired_row(stage, starts[stage], outcomes, args.bootstrap)
+                if stage in starts
+                else None
+            )
+            if pair:
+                paired.append(paired_line(recipe, pair))
+                differences[recipe].append(pair)
     plot = args.out.with_suffix(".png")
-    learning_curve(curves, plot)
+    learning_curve(curves, plot, differences)
     command = "python bench/efficacy.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     walltimes = ", ".join(f"{r} seed {s}: {w / 60:.1f} min" for (r, s), w in walls.items())
     report = [
@@ -252,10 +414,20 @@ def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None
         f"{args.rounds} rounds, seeds {seeds}. Wall time (a finished stage is served from "
         f"its manifest on a re-run, so a resumed run reads short): {walltimes}.",
         "",
+        *splits_lines(args, seeds),
+        "",
         "| recipe | stage | mean success | 95% interval (bootstrap, seeds x tasks) "
         "| 95% interval (Wilson, pooled episodes) | solved | per seed | tokens trained |",
         "|---|---|---:|---|---|---:|---|---:|",
         *rows,
+        "",
+        "Each stage against the stage it started from, task by task, pooled over seeds x tasks "
+        "(docs/evaluation.md says how to read it):",
+        "",
+        "| recipe | stage | against (its start) | seeds x tasks | gained | lost | difference "
+        "| 95% interval (paired bootstrap, seeds x tasks) | McNemar exact p (pooled) |",
+        "|---|---|---|---:|---:|---:|---:|---|---:|",
+        *paired,
         "",
         f"![learning curve]({plot.name})",
         "",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from envs.base import Environment
+from envs.base import Environment, ValidationSplit
 
 if TYPE_CHECKING:
     from flywheel.settings import EnvSettings
@@ -36,6 +36,15 @@ def make_env(settings: str | EnvSettings) -> Environment:
 
 
 def _local_env(settings: EnvSettings) -> Environment:
+    """The environment in this process, holding out the run's validation split."""
+    env = _local_env_of(settings)
+    env.validation = ValidationSplit(
+        settings.validation_tasks, settings.validation_seed, settings.max_expert_steps
+    )
+    return env
+
+
+def _local_env_of(settings: EnvSettings) -> Environment:
     if settings.name == "textcraft":
         from envs.textcraft import TextCraftEnv
 

@@ -647,6 +647,7 @@ class RemoteEnv(Environment):
         self.prompt_acknowledgement = catalog.prompt_acknowledgement
         self.noop_action = catalog.noop_action
         self.agent_format, self.tool_arguments = catalog.agent_format, catalog.tool_arguments
+        self.validation = catalog.validation  # its task lists are the catalog's
         self.served_tasks = served_task_ids(catalog)
         self._index = {t: i for i, t in enumerate(self.served_tasks)}
         self.pool = ServerPool(
@@ -731,8 +732,9 @@ class RemoteEnv(Environment):
 
 
 def served_task_ids(env: Environment) -> list[str]:
-    """The order a server indexes tasks in (`data_idx`): train tasks, then test tasks."""
-    return env.task_ids("train") + env.task_ids("test")
+    """The order a server indexes tasks in (`data_idx`): train tasks, then the validation tasks
+    the run holds out of them (none unless `env.validation_tasks`), then test tasks."""
+    return env.task_ids("train") + env.validation_ids() + env.task_ids("test")
 
 
 def tasks_digest(task_ids: list[str]) -> str:

@@ -8,6 +8,7 @@ independent objects (no shared mutable state between two episodes of the same en
 from __future__ import annotations
 
 import functools
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-Split = Literal["train", "test"]
+# "validation": train tasks held out by the run (`ValidationSplit`), never trained on.
+Split = Literal["train", "validation", "test"]
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -63,6 +65,38 @@ class Episode(ABC):
         return {}
 
 
+@dataclass(frozen=True)
+class ValidationSplit:
+    """Train tasks a run holds out as its validation split (`env.validation_tasks`): `count` of
+    them, a sample seeded by `seed`, drawn from the train tasks the expert solves in at most
+    `max_expert_steps` steps (all when None), so they are of the difficulty trained on. The run's
+    train split is what remains; settings are chosen on the validation split."""
+
+    count: int = 0
+    seed: int = 0
+    max_expert_steps: int | None = None
+
+    def carve(self, env: Environment, train_ids: list[str]) -> tuple[list[str], list[str]]:
+        """(train, validation) out of the environment's own train tasks, each in their order."""
+        if self.count == 0:
+            return list(train_ids), []
+        limit = self.max_expert_steps
+        eligible = [
+            t for t in train_ids
+            if limit is None or len(env.expert_plan(t) or ()) in range(1, limit + 1)
+        ]  # fmt: skip
+        if self.count > len(eligible):
+            from flywheel.settings import ConfigError
+
+            within = f" within env.max_expert_steps={limit}" if limit is not None else ""
+            raise ConfigError(
+                f"env.validation_tasks={self.count}: {env.name} has {len(eligible)} train "
+                f"tasks{within} to hold out; ask for fewer"
+            )
+        held = set(random.Random(self.seed).sample(eligible, self.count))
+        return [t for t in train_ids if t not in held], [t for t in train_ids if t in held]
+
+
 class Environment(ABC):
     """A family of tasks. `reward_range` maps raw rewards onto [0, 1] for shared thresholds."""
 
@@ -88,6 +122,9 @@ class Environment(ABC):
     # Tool formats: the tools offered, name -> the argument a tag call's body fills.
     tool_arguments: Mapping[str, str] = MappingProxyType({})
 
+    # The run's validation split (`make_env` sets it from the settings); none by default.
+    validation: ValidationSplit = ValidationSplit()
+
     def check(self) -> None:  # noqa: B027 - optional hook
         """Raise ValueError saying what to fix when the environment cannot run (a server down,
         an unknown task name); called before any expensive work."""
@@ -95,6 +132,22 @@ class Environment(ABC):
     @abstractmethod
     def task_ids(self, split: Split) -> list[str]:
         """Stable task ids of a split, in a fixed order, identical on every machine."""
+
+    def carved(self, split: Split, train_ids: list[str]) -> list[str]:
+        """The run's "train" or "validation" part of the environment's own train tasks
+        `train_ids` (`validation`): environments with a validation split answer `task_ids`
+        with it. Computed once per environment (the expert's plans may take seconds)."""
+        cache = self.__dict__.setdefault("_carved", {})
+        key = (self.validation, tuple(train_ids))
+        if key not in cache:
+            cache[key] = self.validation.carve(self, train_ids)
+        train, validation = cache[key]
+        return list(train if split == "train" else validation)
+
+    def validation_ids(self) -> list[str]:
+        """The run's validation tasks; none without a validation split (`env.validation_tasks`),
+        so an environment need not know the split name then."""
+        return self.task_ids("validation") if self.validation.count else []
 
     @abstractmethod
     def start(self, task_id: str) -> Episode:

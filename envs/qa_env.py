@@ -209,7 +209,12 @@ class QAEnv(Environment):
             return self._questions[split]
 
     def task_ids(self, split: Split) -> list[str]:
-        return list(self.questions(split))
+        """Test: the test questions; train and validation: the train questions, less or only
+        those the run holds out (`Environment.carved`). A held-out question is still played
+        with the train split's corpus, as it was written for it."""
+        if split == "test":
+            return list(self.questions("test"))
+        return self.carved(split, list(self.questions("train")))
 
     def split_of(self, task_id: str) -> Split:
         for split in ("test", "train"):

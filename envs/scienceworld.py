@@ -171,12 +171,14 @@ class ScienceWorldEnv(Environment):
             )
 
     def task_ids(self, split: Split) -> list[str]:
+        """Test: the test variations; train and validation: the train variations, less or only
+        those the run holds out (`Environment.carved`)."""
         self.check()
         ids = []
         for name in self.task_names:
-            variations = _variation_splits(name)[split][: self.variations]
-            ids += [f"{name}/{v}" for v in variations]
-        return ids
+            variations = _variation_splits(name)["test" if split == "test" else "train"]
+            ids += [f"{name}/{v}" for v in variations[: self.variations]]
+        return ids if split == "test" else self.carved(split, ids)
 
     def start(self, task_id: str) -> Episode:
         name, _ = parse_task_id(task_id)

@@ -220,9 +220,11 @@ class TextCraftEnv(Environment):
     )
 
     def task_ids(self, split: Split) -> list[str]:
-        if split not in ("train", "test"):
-            raise ValueError(f"unknown split {split!r}; expected 'train' or 'test'")
-        return [t for t in all_task_ids() if split_of(t) == split]
+        if split not in ("train", "validation", "test"):
+            raise ValueError(f"unknown split {split!r}; expected 'train', 'validation' or 'test'")
+        if split == "test":
+            return [t for t in all_task_ids() if split_of(t) == "test"]
+        return self.carved(split, [t for t in all_task_ids() if split_of(t) == "train"])
 
     def start(self, task_id: str) -> TextCraftEpisode:
         if task_id not in _task_set():

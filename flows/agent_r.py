@@ -32,6 +32,8 @@ from tasks.splice import SpliceInputs, splice_stage
 
 class AgentR(Recipe):
     name, title, config_class = "agent-r", "Agent-R", AgentRConfig
+    # The baselines are trained from the starting point (SFT), not from a round.
+    branches = {"direct-revision": "sft", "good-paths-only": "sft"}
 
     def start(self) -> RoundResult:
         """The starting point: SFT of the base model on expert trajectories."""

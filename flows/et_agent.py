@@ -40,6 +40,7 @@ from tasks.evolve import EvolveInputs, flywheel_stage
 
 class ETAgent(AgentR1):
     name, title, config_class = "et-agent", "ET-Agent", ETAgentConfig
+    lineage_start = "warm-start"  # RFT (round 0) trains from the warm start
 
     def start(self) -> RoundResult:
         """Warm start → data flywheel → RFT (SFT on the flywheel's correct trajectories)."""

@@ -193,6 +193,10 @@ class QASettings(Strict):
         return self
 
 
+# Environments whose train tasks a validation split is carved from (`envs.base.ValidationSplit`).
+VALIDATION_ENVIRONMENTS = ("textcraft", "scienceworld", "qa")
+
+
 class EnvSettings(Strict):
     """Which environment and how many of its tasks a run uses (None = all of the split)."""
 
@@ -205,6 +209,14 @@ class EnvSettings(Strict):
     # Only tasks the expert solves in at most this many steps (None = all): an easier curriculum
     # for small models and small budgets. Applies to train and test tasks alike.
     max_expert_steps: int | None = Field(default=None, ge=1)
+    # Train tasks held out as the validation split, never trained on (0 = none): a seeded sample
+    # (`validation_seed`) of the train tasks within `max_expert_steps`, removed from what every
+    # stage trains or explores on. Settings are chosen on it (`evaluate.split=validation`); the
+    # test split is read only for the reported tables. textcraft, scienceworld and qa.
+    validation_tasks: int = Field(default=0, ge=0)
+    # Seeds which train tasks form the validation split: fixed apart from the run's `seed`, so
+    # every seed of a comparison holds out the same tasks.
+    validation_seed: int = 0
     # Episode step limit. TextCraft's expert needs median 6, p95 17, max 48 steps.
     max_steps: int = Field(default=24, ge=1)
     # Worked examples (expert episodes on train tasks) shown as earlier chat turns to the
@@ -250,6 +262,16 @@ class EnvSettings(Strict):
         if self.name == "qa":  # file paths, not contents: a changed file needs a new path
             identity["qa"] = self.qa.model_dump()
         return identity
+
+    @model_validator(mode="after")
+    def _validation_where_carved(self) -> EnvSettings:
+        if self.validation_tasks and self.name not in VALIDATION_ENVIRONMENTS:
+            raise ValueError(
+                f"env.validation_tasks: env {self.name!r} has no validation split; use one of "
+                f"{VALIDATION_ENVIRONMENTS}, or set env.agentgym.train and env.agentgym.test "
+                "to leave tasks out"
+            )
+        return self
 
     @model_validator(mode="after")
     def _agentgym_needs_servers(self) -> EnvSettings:
@@ -630,6 +652,14 @@ class CritiqueSettings(Strict):
         return self
 
 
+class EvaluateSettings(Strict):
+    """Which split every policy is evaluated on (docs/evaluation.md)."""
+
+    # "test" for the reported tables; "validation" (needs env.validation_tasks) while choosing
+    # settings, so that no setting is chosen by looking at the test tasks.
+    split: Literal["test", "validation"] = "test"
+
+
 class RecipeConfig(Strict):
     """What every recipe run has: where it stores and tracks, its model, environment, inference."""
 
@@ -653,11 +683,20 @@ class RecipeConfig(Strict):
     model: ModelSettings = Field(default_factory=ModelSettings)
     env: EnvSettings = Field(default_factory=EnvSettings)
     inference: InferenceSettings = Field(default_factory=InferenceSettings)
+    evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings)
     sft: SFTSettings = Field(default_factory=SFTSettings)  # SFT on expert trajectories
     # Expert trajectories to start from instead of the environment's expert: a published file in
     # ETO's SFT or AgentGym's AgentTraj format (agents/trajectory_import.py). A plain path
     # becomes a file:// URL, so the expert stage's cache keys on the file's content.
     expert_file: str | None = None
+
+    @model_validator(mode="after")
+    def _validation_split_exists(self):
+        if self.evaluate.split == "validation" and not self.env.validation_tasks:
+            raise ValueError(
+                "evaluate.split=validation needs a validation split: set env.validation_tasks"
+            )
+        return self
 
     @field_validator("expert_file")
     @classmethod

@@ -19,7 +19,7 @@ from flywheel.records import Campaign, CampaignRound, Manifest
 from flywheel.stage import StageOutput
 from ops.campaign import new_round, run_campaign
 from ops.runner import recipe_config, run_tracked
-from tasks.evaluate import EvaluateInputs, evaluate_stage
+from tasks.evaluate import EvaluateInputs, evaluate_stage, evaluation_splits
 from tasks.expert_data import ExpertDataInputs, expert_data_stage
 from tasks.prepare_model import model_stage_url, prepare_model_inputs, prepare_model_stage
 from tasks.report import report_stage
@@ -58,13 +58,19 @@ class Recipe:
     name: ClassVar[str]  # "eto": the campaign's recipe, evaluation labels ("eto-round-1")
     title: ClassVar[str]  # "ETO": the report's title
     config_class: ClassVar[type[BaseModel]]
+    # The evaluation round 0's policy started from, which the report compares it with.
+    lineage_start: ClassVar[str] = "untrained"
+    # Evaluations of policies trained off the line of rounds -> the evaluation of their start.
+    branches: ClassVar[dict[str, str]] = {}
 
     def __init__(self, cfg, store, tracking):
         self.cfg, self.store, self.tracking = cfg, store, tracking
         self.run_url = store.url(cfg.run_name)
         self.env = make_env(cfg.env)
         self.train_ids = task_list(self.env, "train", cfg.env, cfg.seed)
-        self.test_ids = task_list(self.env, "test", cfg.env, cfg.seed)
+        # The held-out task lists; every policy is evaluated on `evaluate.split`'s.
+        self.splits = evaluation_splits(self.env, cfg.env, cfg.seed)
+        self.evaluation_ids = self.splits[cfg.evaluate.split]
         self.prefix = agent_prefix(self.env, [])
 
     def start(self) -> RoundResult:
@@ -81,13 +87,17 @@ class Recipe:
         )  # fmt: skip
 
     def evaluate(self, label: str, model_url: str, prefix=None) -> tuple[str, Manifest]:
-        """The model's greedy episodes on the test tasks, a row `label` of the report."""
+        """The model's greedy episodes on the held-out tasks, a row `label` of the report."""
         inputs = EvaluateInputs(
-            model_url=model_url, env=self.cfg.env, task_ids=self.test_ids,
+            model_url=model_url, env=self.cfg.env, task_ids=self.evaluation_ids,
             prefix=prefix or self.prefix, inference=self.cfg.inference,
             max_steps=self.cfg.env.max_steps,
         )  # fmt: skip
-        return label, evaluate_stage(inputs, self.out(f"evaluate/{label}", label))
+        # Each split's evaluations in a folder of their own: a run read on validation while
+        # tuning, then on test, keeps both, and its training stages serve either.
+        split = self.cfg.evaluate.split
+        folder = "evaluate" if split == "test" else f"evaluate-{split}"
+        return label, evaluate_stage(inputs, self.out(f"{folder}/{label}", label))
 
     def base_model(self) -> Manifest:
         """The base model as a folder in the store (`<store>/models/<name>`, shared by runs)."""
@@ -127,8 +137,14 @@ class Recipe:
         return report_stage(
             store_url=self.store.root, run_url=self.run_url,
             title=f"{self.title} on {self.env.name}", evaluations=evaluations, notes=notes,
-            tracking=self.tracking,
+            tracking=self.tracking, lineage=self.lineage(), branches=self.branches,
+            evaluated_split=self.cfg.evaluate.split, splits=self.splits,
         )  # fmt: skip
+
+    def lineage(self) -> list[str]:
+        """The policies' evaluations in training order, each trained from the one before."""
+        rounds = range(self.cfg.rounds + 1)
+        return [self.lineage_start, *(self.policy_label(n) for n in rounds)]
 
 
 def evaluated(recipe: Recipe, round_no: int, result: RoundResult) -> RoundResult:

@@ -1,10 +1,13 @@
-"""Stage: greedy episodes of a model on the held-out test tasks; success rate and reward."""
+"""Stage: greedy episodes of a model on held-out tasks (the test split, or the validation split
+while settings are chosen); success rate and reward. Its trajectories carry each task's outcome
+(task id, success, reward), which the report pairs between stages."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel
 
-from agents.rollout import rollout_to_store
+from agents.rollout import rollout_to_store, task_list
+from envs.base import Environment
 from flywheel.inference import SamplingSettings
 from flywheel.records import Message
 from flywheel.settings import EnvSettings, InferenceSettings
@@ -16,7 +19,7 @@ class EvaluateInputs(BaseModel):
 
     model_url: str
     env: EnvSettings
-    task_ids: list[str]  # the held-out test tasks
+    task_ids: list[str]  # the held-out tasks (`evaluation_splits`)
     prefix: list[Message]  # prompted as the model was trained (the untrained: with examples)
     inference: InferenceSettings
     max_steps: int
@@ -29,3 +32,14 @@ def evaluate_stage(inputs: EvaluateInputs, run: StageRun) -> StageResult:
         run.store, "evaluate", inputs.model_url, inputs.env, inputs.task_ids, inputs.prefix,
         inputs.inference, inputs.max_steps, sampling, run.file("trajectories.jsonl"),
     )  # fmt: skip
+
+
+def evaluation_splits(
+    env: Environment, env_settings: EnvSettings, seed: int
+) -> dict[str, list[str]]:
+    """The run's held-out task lists by split: "validation", the train tasks the run holds out
+    (`env.validation_tasks`, when set), and "test", the test tasks it uses (`env.test_tasks`
+    within `env.max_expert_steps`). Disjoint from each other and from the train tasks."""
+    splits = {"test": task_list(env, "test", env_settings, seed)}
+    validation = env.validation_ids()
+    return {"validation": validation, **splits} if validation else splits

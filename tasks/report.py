@@ -1,4 +1,11 @@
-"""Stage: the results table and a success-rate plot, into the store, MLflow and the Prefect UI."""
+"""Stage: the results table and a success-rate plot, into the store, MLflow and the Prefect UI.
+
+Beside each stage's success rate, the report compares each stage with the stage it started from
+(SFT with the untrained model, round 1 with SFT, ...) task by task, since every stage is
+evaluated on the same tasks: tasks gained, tasks lost, the exact McNemar p-value and a paired
+bootstrap interval of the difference (`flywheel.confidence`). It names the split it read
+(validation while tuning, test for the reported tables) and lists the validation and test tasks,
+so a reader can check they are disjoint from each other and from training."""
 
 from __future__ import annotations
 
@@ -8,8 +15,8 @@ import io
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from flywheel.confidence import wilson_interval
-from flywheel.records import Manifest
+from flywheel.confidence import gained_and_lost, mcnemar_exact, paired_bootstrap, wilson_interval
+from flywheel.records import Manifest, Trajectory
 from flywheel.stage import TrackingRef, artifact_key
 from flywheel.storage import ArtifactStore
 
@@ -45,13 +52,103 @@ def markdown_table(rows: list[dict]) -> str:
     )
 
 
-def success_plot(rows: list[dict], title: str) -> bytes:
+def task_outcomes(store: ArtifactStore, manifest: Manifest) -> dict[str, bool]:
+    """Task id -> solved, from an evaluation's trajectories (one greedy episode per task).
+    Solved is the episode's success, never its reward: QA gives a wrong answer in the right
+    format 0.1."""
+    url = manifest.files.get("trajectories")
+    if url is None:
+        return {}
+    return {t.task_id: t.success for t in store.read_records(url, Trajectory)}
+
+
+def started_from(labels: list[str], lineage: list[str], branches: dict[str, str]) -> dict[str, str]:
+    """Evaluation label -> the label of the evaluation of the policy it was trained from.
+
+    `lineage`: the policies in training order, each trained from the one before it (untrained,
+    SFT, round 1, ...); a stage is compared with the nearest earlier one evaluated (a campaign
+    round that trained nothing keeps the policy before it). `branches`: stages trained off the
+    lineage (Agent-R's baselines, from SFT) -> their start."""
+    present = set(labels)
+    starts, last = {}, None
+    for label in lineage:
+        if label not in present:
+            continue
+        if last is not None:
+            starts[label] = last
+        last = label
+    starts.update({k: v for k, v in branches.items() if k in present and v in present})
+    return starts
+
+
+def paired_rows(
+    labels: list[str],
+    outcomes: dict[str, dict[str, bool]],
+    starts: dict[str, str],
+    resamples: int = 2000,
+    seed: int = 0,
+) -> list[dict]:
+    """Per stage with a start: tasks gained and lost against it, the difference in success
+    rate over the tasks both read, its paired bootstrap 95% interval, the exact McNemar p."""
+    rows = []
+    for label in labels:
+        start = starts.get(label)
+        if start is None:
+            continue
+        before, after = outcomes[start], outcomes[label]
+        shared = len(before.keys() & after.keys())
+        if shared == 0:
+            continue
+        gained, lost = gained_and_lost(before, after)
+        low, high = paired_bootstrap(before, after, resamples, seed)
+        rows.append(
+            {
+                "stage": label,
+                "started_from": start,
+                "tasks": shared,
+                "gained": gained,
+                "lost": lost,
+                "difference": round((gained - lost) / shared, 4),
+                "difference_ci95_low": round(low, 4),
+                "difference_ci95_high": round(high, 4),
+                "mcnemar_p": round(mcnemar_exact(gained, lost), 4),
+            }
+        )
+    return rows
+
+
+def paired_table(rows: list[dict]) -> str:
+    header = (
+        "| stage | against (its start) | tasks | gained | lost | difference "
+        "| 95% interval (paired bootstrap over tasks) | McNemar exact p |\n"
+        "|---|---|---:|---:|---:|---:|---|---:|\n"
+    )
+    return header + "".join(
+        f"| {r['stage']} | {r['started_from']} | {r['tasks']} | {r['gained']} | {r['lost']} "
+        f"| {r['difference']:+.1%} | {r['difference_ci95_low']:+.1%} to "
+        f"{r['difference_ci95_high']:+.1%} | {r['mcnemar_p']:.4f} |\n"
+        for r in rows
+    )
+
+
+def splits_text(evaluated: str, splits: dict[str, list[str]]) -> str:
+    """Which split the rates are on, and each evaluation split's task ids."""
+    lines = [f"Evaluated on the **{evaluated}** split ({len(splits.get(evaluated, []))} tasks)."]
+    if evaluated == "test":
+        lines[0] += " Settings are chosen on the validation split, never on these tasks."
+    lines += [
+        f"- {name} tasks ({len(ids)}): {', '.join(ids) or 'none'}" for name, ids in splits.items()
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def success_plot(rows: list[dict], title: str, paired: list[dict] | None = None) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
+    fig, (ax, right) = plt.subplots(1, 2, figsize=(11, 3.4), dpi=100)
     labels = [r["stage"] for r in rows]
     values = [100 * r["success_rate"] for r in rows]
     errors = [
@@ -67,11 +164,58 @@ def success_plot(rows: list[dict], title: str) -> bytes:
         0, min(100.0, max(10.0, max((100 * r["ci95_high"] for r in rows), default=0) * 1.15))
     )
     ax.set_title(title)
+    difference_plot(right, paired or [])
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     plt.close(fig)
     return buffer.getvalue()
+
+
+def difference_plot(ax, paired: list[dict]) -> None:
+    """Each stage's difference from its start (points) with the paired bootstrap interval."""
+    labels = [f"{r['stage']}\nvs {r['started_from']}" for r in paired]
+    values = [100 * r["difference"] for r in paired]
+    errors = [
+        [100 * (r["difference"] - r["difference_ci95_low"]) for r in paired],
+        [100 * (r["difference_ci95_high"] - r["difference"]) for r in paired],
+    ]
+    ax.axhline(0, color="#999999", linewidth=1)
+    ax.errorbar(range(len(paired)), values, yerr=errors, fmt="o", capsize=4, color="#c44e52")
+    for x, r in enumerate(paired):
+        ax.annotate(
+            f"+{r['gained']} -{r['lost']}, p={r['mcnemar_p']:.3f}", (x, values[x]),
+            fontsize=7, xytext=(6, 0), textcoords="offset points", va="center",
+        )  # fmt: skip
+    ax.set_xticks(range(len(paired)), labels, fontsize=7)
+    ax.set_xlim(-0.5, max(len(paired), 1) - 0.5 + 0.6)
+    ax.set_ylabel("difference from its start (points)\nbars: 95% paired bootstrap")
+    ax.set_title("each stage against the stage it started from")
+
+
+def report_tables(
+    store: ArtifactStore,
+    evaluations: list[tuple[str, Manifest]],
+    lineage: list[str],
+    branches: dict[str, str],
+) -> tuple[list[dict], list[dict]]:
+    """The rates' rows and the paired rows (each stage against the stage it started from)."""
+    labels = [label for label, _ in evaluations]
+    outcomes = {label: task_outcomes(store, m) for label, m in evaluations}
+    starts = started_from(labels, lineage, branches)
+    return results_rows(evaluations), paired_rows(labels, outcomes, starts)
+
+
+def report_markdown(
+    rows: list[dict], paired: list[dict], evaluated_split: str, splits: dict[str, list[str]]
+) -> str:
+    text = markdown_table(rows)
+    if paired:
+        text += "\nEach stage against the stage it started from, task by task:\n\n"
+        text += paired_table(paired)
+    if splits:
+        text += "\n" + splits_text(evaluated_split, splits)
+    return text
 
 
 @task(name="report")
@@ -82,30 +226,27 @@ def report_stage(
     evaluations: list[tuple[str, Manifest]],
     notes: list[str],
     tracking: TrackingRef | None = None,
+    lineage: list[str] | None = None,
+    branches: dict[str, str] | None = None,
+    evaluated_split: str = "test",
+    splits: dict[str, list[str]] | None = None,
 ) -> str:
-    """Not cached: every flow run writes its own report into its own MLflow parent run."""
+    """Not cached: every flow run writes its own report into its own MLflow parent run.
+    `lineage` and `branches` say which stage started from which (`started_from`); `splits`: the
+    evaluation splits' task ids, printed for a reader to check."""
     store = ArtifactStore(store_url)
-    rows = results_rows(evaluations)
-    table = markdown_table(rows)
-    png = success_plot(rows, title)
+    rows, paired = report_tables(store, evaluations, lineage or [], branches or {})
+    table = report_markdown(rows, paired, evaluated_split, splits or {})
+    png = success_plot(rows, title, paired)
     store.write_json(f"{run_url}/results.json", rows)
+    store.write_json(f"{run_url}/paired.json", paired)
     noted = table + ("\n" + "".join(f"- {n}\n" for n in notes) if notes else "")
-    store.write_text(f"{run_url}/results.md", noted)  # the table, and why rounds stopped
+    store.write_text(f"{run_url}/results.md", noted)  # the tables, and why rounds stopped
     store.write_bytes(f"{run_url}/success_rate.png", png)
     links = [f"- Artifacts: `{run_url}`"]
     if tracking:
-        tracker = tracking.tracker()
-        tracker.log_files(
-            tracking.parent_run_id, {"results.md": noted.encode(), "success_rate.png": png}
-        )
-        if rows:
-            columns = {key: [row[key] for row in rows] for key in rows[0]}
-            tracker.client.log_table(tracking.parent_run_id, columns, "results.json")
-        for step, row in enumerate(rows):
-            tracker.log_metrics(
-                tracking.parent_run_id, {"test_success_rate": row["success_rate"]}, step
-            )
-        links.append(f"- MLflow run: {tracker.run_url(tracking.parent_run_id)}")
+        log_to_mlflow(tracking, noted, png, rows, paired, evaluated_split)
+        links.append(f"- MLflow run: {tracking.tracker().run_url(tracking.parent_run_id)}")
     image = base64.b64encode(png).decode()
     markdown = "\n".join(
         [f"# {title}", "", table, f"![success rate](data:image/png;base64,{image})", "", *links]
@@ -115,3 +256,18 @@ def report_stage(
     create_table_artifact(rows, key=f"{key}-results", description=title)
     create_markdown_artifact(markdown, key=f"{key}-report", description=title)
     return table
+
+
+def log_to_mlflow(tracking: TrackingRef, noted: str, png: bytes, rows, paired, split) -> None:
+    tracker = tracking.tracker()
+    tracker.log_files(
+        tracking.parent_run_id, {"results.md": noted.encode(), "success_rate.png": png}
+    )
+    for name, table in (("results.json", rows), ("paired.json", paired)):
+        if table:
+            columns = {key: [row[key] for row in table] for key in table[0]}
+            tracker.client.log_table(tracking.parent_run_id, columns, name)
+    for step, row in enumerate(rows):  # "test_success_rate", or "validation_..." while tuning
+        tracker.log_metrics(
+            tracking.parent_run_id, {f"{split}_success_rate": row["success_rate"]}, step
+        )

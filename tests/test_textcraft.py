@@ -90,7 +90,8 @@ def test_split_is_disjoint_stable_and_covers_all_tasks():
     assert split_of("acacia_button") == "test"
     assert split_of("beehive") == "test"
     with pytest.raises(ValueError):
-        env.task_ids("validation")  # type: ignore[arg-type]
+        env.task_ids("dev")  # type: ignore[arg-type]
+    assert env.task_ids("validation") == []  # none held out unless the run asks for some
 
 
 def test_instruction_format():
@@ -138,7 +139,7 @@ def test_a_recipe_reached_along_two_paths_is_listed_once():
 
 
 def test_an_unknown_split_is_refused_by_name():
-    with pytest.raises(ValueError, match="unknown split 'dev'; expected 'train' or 'test'"):
+    with pytest.raises(ValueError, match="unknown split 'dev'; expected 'train', 'validation' or 'test'"):
         TextCraftEnv().task_ids("dev")
 
 
