@@ -290,6 +290,9 @@ class Campaign:
             # a new one for a campaign continued: a killed run may hold the slot in the last
             "PREFECT_HOME": str(work / f"prefect-{len(list(work.glob('prefect-*'))) + 1}"),
             "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
+            # Prefect's temporary server gets 20 s to start by default: on a loaded 2-core
+            # machine (load 10) every run failed with "Timed out while attempting to connect".
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600",
         }  # fmt: skip
         self.attempts: list[Attempt] = []
         self.prefect_homes = len(list(work.glob("prefect-*"))) + 1
