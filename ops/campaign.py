@@ -27,7 +27,7 @@ def run_campaign(cfg, recipe: str, next_round, *extra):
     """Run `next_round(cfg, store, tracking, campaign, *extra) -> Campaign` once, under the
     campaign's slot, and publish what it returns. Nothing to do once rounds 0..`cfg.rounds`
     exist."""
-    from prefect.states import Completed
+    from prefect.states import Completed, State
 
     store = preflight(cfg)
     # The slot orders the campaign's runs; the run lock (taken second, always in this order, so
@@ -42,6 +42,8 @@ def run_campaign(cfg, recipe: str, next_round, *extra):
             print(message)
             return Completed(message=message)
         campaign = run_tracked(cfg, next_round, campaign, *extra, store=store, locked=True)
+        if isinstance(campaign, State):  # the round failed: nothing to publish
+            return campaign
         save_campaign(store, cfg.run_name, campaign)
         latest = campaign.rounds[-1]
         message = f"campaign {cfg.run_name!r}: published round {latest.round}"

@@ -283,8 +283,10 @@ def stages_flow(body, cfg, store_url: str, tracking: TrackingRef, extra: list | 
 
 def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None, locked: bool = False):
     """Run a recipe's `body(cfg, store, tracking, *extra)` under the flow run's MLflow parent
-    run, on the configured task runner. A failure marks the MLflow run failed and leaves a
-    Prefect artifact naming the failed stages and where their records are.
+    run, on the configured task runner. A failure marks the MLflow run failed, leaves a
+    Prefect artifact naming the failed stages and where their records are, and is returned as
+    a Failed state whose message leads with the stage and cause (`failed_state`); a run told to
+    stop (SIGTERM, Ctrl-C) raises.
 
     The run holds its lock in the store (`ops/run_lock.py`) throughout, unless the caller
     already does (`locked`: a campaign holds it around its whole round)."""
@@ -308,17 +310,45 @@ def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None, locked: b
         tracking.tracker().finish(run_id)
         mark_run_failure_superseded(cfg)
     except BaseException as error:
+        failed: list[tuple[FailedStage, str]] = []
         try:
-            report_failed_run(cfg, store, tracking, started, error)
+            failed = report_failed_run(cfg, store, tracking, started, error)
         except Exception as report_error:  # the run's own error is the one to raise
             print(f"could not record the failure ({report_error!r})")
-        raise
+        if not isinstance(error, Exception):  # told to stop (SIGTERM, Ctrl-C): stop
+            raise
+        return failed_state(error, failed)
     finally:
         watchdog().tell(closed_run=run_id)
     return result
 
 
-def report_failed_run(cfg, store: ArtifactStore, tracking: TrackingRef, started: str, error):
+def failed_state(error: Exception, failed: list[tuple[FailedStage, str]]):
+    """The flow run's Failed state, its message leading with the failed stage and the cause
+    (`dpo/round-1: no pair fits in max_length=64 → raise dpo.max_length (…)`): the UI's run
+    list and the CLI show this message, which Prefect's own ("Flow run encountered an exception:
+    TrainingFailed: training.dpo exited …") cut before the cause. `data` keeps the error, so
+    `state.result()` raises it as before."""
+    from prefect.states import Failed
+
+    return Failed(message=failure_summary(error, [record for record, _ in failed]), data=error)
+
+
+def failure_summary(error: BaseException, failed: list[FailedStage]) -> str:
+    """`<stage>/<label>: <cause>` for the first failed stage (`and N more failed stages`), or
+    the error's own cause where no stage failed (before or between stages)."""
+    if not failed:
+        return headline(f"{type(error).__name__}: {error}") or type(error).__name__
+    first = min(failed, key=lambda record: record.failed_at)  # the one that failed the run
+    more = f" (and {len(failed) - 1} more failed stages)" if len(failed) > 1 else ""
+    return f"{first.task_run}: {headline(first.message)}{more}"
+
+
+def report_failed_run(
+    cfg, store: ArtifactStore, tracking: TrackingRef, started: str, error
+) -> list[tuple[FailedStage, str]]:
+    """Mark the run's MLflow run failed, leave the Prefect artifact naming the failed stages;
+    the failed stages' records (this run's), each with its URL."""
     from prefect.artifacts import create_markdown_artifact
 
     tracker = tracking.tracker()
@@ -352,6 +382,7 @@ def report_failed_run(cfg, store: ArtifactStore, tracking: TrackingRef, started:
         key=artifact_key(f"{cfg.run_name}-failed"),
         description=plain_markdown(f"{cfg.run_name} failed: {headline(message)}"),
     )
+    return failed
 
 
 NO_FAILED_STAGE = "- (none recorded: the failure came before or between stages)"

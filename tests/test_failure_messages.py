@@ -270,3 +270,51 @@ def test_a_recipe_flow_run_is_named_after_its_run():
             for state in (named, default, broken)
         ]
     assert names == ["eto-mine", "eto-textcraft", "eto-textcraft"]
+
+
+def failing_round(cfg, store, tracking):
+    """A recipe body whose one stage fails (`work/round-1`)."""
+    out = StageOutput(
+        store_url=store.root, url=store.url(cfg.run_name, "round-1/work"), label="round-1",
+        tracking=tracking,
+    )  # fmt: skip
+    work_stage(WorkInputs(fail=True), out)
+
+
+def failing_before_any_stage(cfg, store, tracking):
+    raise ValueError("the policy file is empty\nmore lines")
+
+
+def test_a_failed_runs_state_message_leads_with_the_stage_and_its_cause(tmp_path):
+    import uuid
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    from flywheel.settings import ETOConfig
+    from ops.runner import run_tracked
+
+    config = {
+        "run_name": f"fail-{uuid.uuid4().hex[:8]}", "storage_url": str(tmp_path / "store"),
+        "mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "env": {"train_tasks": 2, "test_tasks": 1},
+    }  # fmt: skip
+
+    @flow
+    def recipe(config: dict, body_name: str):
+        body = {"stage": failing_round, "before": failing_before_any_stage}[body_name]
+        cfg = ETOConfig.model_validate(config)  # the store given: no preflight (slow)
+        return run_tracked(cfg, body, store=ArtifactStore(cfg.storage_url))
+
+    cause = 'no pair fits in File "<frozen runpy>" → raise dpo.max_length'
+    for body_name, message, error in (
+        ("stage", f"work/round-1: {cause}", RuntimeError),
+        ("before", "the policy file is empty", ValueError),
+    ):
+        state = recipe(config, body_name, return_state=True)
+        assert state.is_failed()
+        with get_client(sync_client=True) as client:  # as the UI's run list shows it
+            stored = client.read_flow_run(state.state_details.flow_run_id).state
+        assert (state.message, stored.message, stored.type.value) == (message, message, "FAILED")
+        with pytest.raises(error):  # the error itself is kept
+            state.result()
