@@ -6,7 +6,6 @@ from pydantic import BaseModel
 
 from flywheel.settings import DPOSettings
 from flywheel.stage import StageResult, StageRun, stage
-from training.checkpoint import checkpoint_plan, remove_checkpoints
 from training.launch import trained_model
 
 
@@ -38,10 +37,6 @@ class DPOInputs(BaseModel):
 def dpo_stage(inputs: DPOInputs, run: StageRun) -> StageResult:
     """The DPO'd policy in `model/`, trl's log in `train.log`, its last metrics."""
     trl_args = dpo_trl_args(inputs.settings, inputs.seed)
-    checkpoint = checkpoint_plan(run, inputs.settings.checkpoint_every_steps)
-    result = trained_model(
-        run, "training.dpo", inputs.model_url, inputs.pairs_url, inputs.settings, trl_args,
-        job_fields={"checkpoint": checkpoint, "lora": inputs.settings.lora.model_dump(mode="json")},
-    )  # fmt: skip
-    remove_checkpoints(run.store, run.url)  # the model is in the store: nothing to resume
-    return result
+    return trained_model(
+        run, "training.dpo", inputs.model_url, inputs.pairs_url, inputs.settings, trl_args
+    )

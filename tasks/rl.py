@@ -6,7 +6,6 @@ from pydantic import BaseModel
 
 from flywheel.settings import RLSettings
 from flywheel.stage import StageResult, StageRun, stage
-from training.checkpoint import checkpoint_plan, remove_checkpoints
 from training.launch import trained_model
 
 
@@ -15,7 +14,6 @@ def rl_job_fields(settings: RLSettings, seed: int) -> dict:
     return {
         "rl": settings.model_dump(mode="json"),
         "seed": seed,
-        "lora": settings.lora.model_dump(mode="json"),
     }
 
 
@@ -32,10 +30,7 @@ class RLInputs(BaseModel):
 @stage("rl", launches=("training.rl",))
 def rl_stage(inputs: RLInputs, run: StageRun) -> StageResult:
     """The updated policy in `model/`, the trainer's log in `train.log`, its last metrics."""
-    checkpoint = checkpoint_plan(run, inputs.settings.checkpoint_every_steps)
-    result = trained_model(
+    return trained_model(
         run, "training.rl", inputs.model_url, inputs.data_url, inputs.settings, trl_args={},
-        job_fields={**rl_job_fields(inputs.settings, inputs.seed), "checkpoint": checkpoint},
+        job_fields=rl_job_fields(inputs.settings, inputs.seed),
     )  # fmt: skip
-    remove_checkpoints(run.store, run.url)  # the model is in the store: nothing to resume
-    return result

@@ -6,7 +6,6 @@ from pydantic import BaseModel
 
 from flywheel.settings import SFTSettings
 from flywheel.stage import StageResult, StageRun, stage
-from training.checkpoint import checkpoint_plan, remove_checkpoints
 from training.launch import trained_model
 
 
@@ -35,10 +34,6 @@ class SFTInputs(BaseModel):
 def sft_stage(inputs: SFTInputs, run: StageRun) -> StageResult:
     """The fine-tuned model in `model/`, trl's log in `train.log`, its last metrics."""
     trl_args = sft_trl_args(inputs.settings, inputs.seed)
-    checkpoint = checkpoint_plan(run, inputs.settings.checkpoint_every_steps)
-    result = trained_model(
-        run, "training.sft", inputs.model_url, inputs.data_url, inputs.settings, trl_args,
-        job_fields={"checkpoint": checkpoint, "lora": inputs.settings.lora.model_dump(mode="json")},
-    )  # fmt: skip
-    remove_checkpoints(run.store, run.url)  # the model is in the store: nothing to resume
-    return result
+    return trained_model(
+        run, "training.sft", inputs.model_url, inputs.data_url, inputs.settings, trl_args
+    )

@@ -62,11 +62,16 @@ def test_each_training_stage_hands_its_lora_settings_to_the_trainer(
 ):
     import importlib
 
+    import training.launch
+
     module = importlib.import_module(f"tasks.{stage_name}")
     handed = []
-    monkeypatch.setattr(
-        module, "trained_model", lambda run, *args, job_fields, **kw: handed.append(job_fields)
-    )
+
+    def train_to_store(*args):  # the trainer's job fields, as `trained_model` hands them over
+        handed.append(args[-1])
+        return {}
+
+    monkeypatch.setattr(training.launch, "train_to_store", train_to_store)
     settings_class = {"sft": SFTSettings, "dpo": DPOSettings, "rl": RLSettings}[stage_name]
     inputs_class = {"sft": "SFTInputs", "dpo": "DPOInputs", "rl": "RLInputs"}[stage_name]
     data = {"pairs_url" if stage_name == "dpo" else "data_url": "d"}
@@ -76,6 +81,7 @@ def test_each_training_stage_hands_its_lora_settings_to_the_trainer(
     run = StageRun(stage_name, StageOutput(store_url=str(tmp_path), url=f"{tmp_path}/s"))
     getattr(module, f"{stage_name}_stage").body(inputs, run)
     assert handed[0]["lora"] == LORA.model_dump(mode="json")
+    assert handed[0]["checkpoint"] is None  # a bare body has no key: no checkpoints
     job = TrainingJob("m", "d", "o", **handed[0])
     assert lora_config(job).r == 4  # what the trainer reads back
 

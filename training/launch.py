@@ -246,13 +246,22 @@ def trained_model(
     job_fields: dict | None = None,
 ):
     """The body of a training stage (`flywheel.stage.stage`): train into the stage's folder,
-    logging into its MLflow run; the model, the log and the trainer's last metrics."""
+    logging into its MLflow run, checkpointing as `settings` say (removed once the model is in
+    the store: nothing to resume), with `settings.lora`; the model, the log and the trainer's
+    last metrics. `job_fields` sets more of the `TrainingJob` (RL's settings and seed)."""
     from flywheel.stage import StageResult
+    from training.checkpoint import checkpoint_plan, remove_checkpoints
 
+    job_fields = {
+        "checkpoint": checkpoint_plan(run, settings.checkpoint_every_steps),
+        "lora": settings.lora.model_dump(mode="json"),
+        **(job_fields or {}),
+    }
     metrics = train_to_store(
         run.store, module, model_url, data_url, run.url, settings, trl_args, run.tracking_env(),
         job_fields,
     )  # fmt: skip
+    remove_checkpoints(run.store, run.url)
     return StageResult(
         files={"model": run.file("model"), "log": run.file("train.log")},
         metrics={k: float(v) for k, v in metrics.items() if isinstance(v, int | float)},
