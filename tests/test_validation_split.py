@@ -1,0 +1,117 @@
+"""The validation split (issue 34 item 2): train tasks a run holds out, seeded and stable, of the
+trained difficulty, disjoint from the train tasks every stage reads and from the test tasks; and
+the settings that ask for it."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from agents.rollout import few_shot_examples, task_list
+from envs import make_env
+from envs.base import ValidationSplit
+from flywheel.settings import ConfigError, EnvSettings, ETOConfig
+from tasks.evaluate import evaluation_splits
+
+
+def splits_of(settings: EnvSettings, seed: int = 0) -> dict[str, list[str]]:
+    """What a run trains on and evaluates on, as ops/driver.py's Recipe computes them."""
+    env = make_env(settings)
+    return {
+        "train": task_list(env, "train", settings, seed),
+        **evaluation_splits(env, settings, seed),
+    }
+
+
+EASY = dict(name="textcraft", max_expert_steps=4, test_tasks=26)
+
+
+def test_textcraft_validation_is_held_out_of_training_and_apart_from_test():
+    splits = splits_of(EnvSettings(**EASY, validation_tasks=20))
+    train, validation, test = splits["train"], splits["validation"], splits["test"]
+    # 99 train tasks within 4 expert steps: 20 held out, 79 left to train on.
+    assert (len(train), len(validation), len(test)) == (79, 20, 26)
+    assert not set(train) & set(validation)
+    assert not set(validation) & set(test) and not set(train) & set(test)
+    # Of the trained difficulty: every validation task is within the run's max_expert_steps.
+    env = make_env("textcraft")
+    assert all(1 <= len(env.expert_plan(t)) <= 4 for t in validation)
+    # Without a validation split, the same run trains on all 99 and evaluates on test alone.
+    plain = splits_of(EnvSettings(**EASY))
+    assert sorted(plain["train"]) == sorted(train + validation) and "validation" not in plain
+
+
+def test_the_validation_split_is_seeded_stable_and_apart_from_the_runs_seed():
+    settings = EnvSettings(**EASY, validation_tasks=20)
+    first = make_env(settings).task_ids("validation")
+    assert make_env(settings).task_ids("validation") == first  # a new process, the same tasks
+    assert splits_of(settings, seed=1)["validation"] == first  # every run seed holds out the same
+    assert first[:3] == ["birch_boat", "black_terracotta", "brown_terracotta"]  # pinned
+    other = make_env(EnvSettings(**EASY, validation_tasks=20, validation_seed=1))
+    assert other.task_ids("validation") != first
+
+
+def test_no_stage_trains_on_a_validation_task():
+    settings = EnvSettings(name="textcraft", validation_tasks=40, few_shot=3)
+    env = make_env(settings)
+    held = set(env.task_ids("validation"))
+    # Expert data, explore, MCTS and RL read the run's train list or the environment's train
+    # split; the untrained model's worked examples come from the train split too.
+    assert not held & set(task_list(env, "train", settings, 0))
+    assert not held & set(env.task_ids("train"))
+    assert not held & {t.task_id for t in few_shot_examples(env, settings.few_shot)}
+
+
+def test_qa_validation_questions_are_train_questions_the_run_does_not_train_on():
+    env = make_env(EnvSettings(name="qa", validation_tasks=5))
+    validation, train = env.task_ids("validation"), env.task_ids("train")
+    assert len(validation) == 5 and not set(validation) & set(train)
+    assert set(validation) <= set(env.questions("train"))  # carved from train, not from test
+    assert not set(validation) & set(env.task_ids("test"))
+    episode = env.start(validation[0])  # played with the train split's corpus, as written for
+    assert episode.record.id == validation[0]
+
+
+def test_asking_for_more_than_the_train_tasks_of_that_difficulty_is_refused():
+    env = make_env(EnvSettings(**EASY, validation_tasks=100))
+    with pytest.raises(ConfigError, match="env.validation_tasks=100: textcraft has 99 train"):
+        env.task_ids("train")
+    # The train list left over is what train_tasks counts against.
+    settings = EnvSettings(**EASY, validation_tasks=20, train_tasks=99)
+    with pytest.raises(ConfigError, match="env.train_tasks=99"):
+        task_list(make_env(settings), "train", settings, 0)
+
+
+def test_carving_keeps_the_split_order_and_takes_nothing_when_asked_for_none():
+    env = make_env("textcraft")
+    ids = env.task_ids("train")[:10]
+    assert ValidationSplit().carve(env, ids) == (ids, [])
+    train, held = ValidationSplit(count=3, seed=7).carve(env, ids)
+    assert len(held) == 3 and sorted(train + held) == sorted(ids)
+    assert train == [t for t in ids if t in train] and held == [t for t in ids if t in held]
+
+
+def test_settings_refuse_a_validation_split_that_cannot_exist():
+    with pytest.raises(ValidationError, match="evaluate.split=validation needs a validation"):
+        ETOConfig.model_validate({"evaluate": {"split": "validation"}})
+    config = ETOConfig.model_validate(
+        {"env": {"validation_tasks": 5}, "evaluate": {"split": "validation"}}
+    )
+    assert config.evaluate.split == "validation"
+    with pytest.raises(ValidationError, match="has no validation split"):
+        EnvSettings(
+            name="agentgym-textcraft", servers=["http://localhost:1"], validation_tasks=5,
+            agentgym={"train": (0, 10), "test": (10, 20)},
+        )  # fmt: skip
+
+
+def test_scienceworld_validation_variations_come_from_its_train_variations():
+    from envs.scienceworld import ScienceWorldEnv
+
+    env = ScienceWorldEnv(["lifespan-longest-lived"], variations=3)
+    train, test = env.task_ids("train"), env.task_ids("test")
+    env.validation = ValidationSplit(count=1, seed=0)
+    held = env.task_ids("validation")
+    assert len(held) == 1 and set(held) <= set(train) and not set(held) & set(test)
+    assert sorted(env.task_ids("train") + held) == sorted(train)
+    assert env.task_ids("test") == test
