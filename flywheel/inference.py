@@ -16,6 +16,8 @@ from typing import Protocol
 
 import httpx
 
+from flywheel.model import LoRAAdapter, lora_adapter
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -94,11 +96,17 @@ class VLLMBackend:
             # every core we may use (measured 1.5x the tokens/s on 2 cores).
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_list())
         self.gpu = gpu
+        # A LoRA adapter folder (lora.publish=adapter): the engine runs its base with vLLM's
+        # LoRA support and applies the adapter to every request (docs/lora.md).
+        adapter = lora_adapter(model_dir)
+        self.lora_request = adapter_request(adapter)
+        model_dir = str(adapter.base) if adapter else model_dir
         self.llm = LLM(
             model=model_dir,
             dtype="auto" if gpu else "float32",
             max_model_len=max_model_len,
             enable_prefix_caching=True,
+            **({"enable_lora": True, "max_lora_rank": adapter.vllm_max_rank} if adapter else {}),
             seed=seed,
             # On CPU: the share of RAM that must be free at start-up (the KV cache itself is
             # VLLM_CPU_KVCACHE_SPACE); a high value refuses to start beside other processes.
@@ -144,7 +152,10 @@ class VLLMBackend:
             for i in range(len(prompts))
         ]
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=p) for p in prompts],
+            params,
+            use_tqdm=False,
+            lora_request=self.lora_request,
         )
         return [_generation(o.outputs[0]) for o in outputs]
 
@@ -164,6 +175,7 @@ class VLLMBackend:
             ],
             params,
             use_tqdm=False,
+            lora_request=self.lora_request,
         )
         scores = []
         for output, prompt, continuation in zip(outputs, prompts, continuations, strict=True):
@@ -181,6 +193,15 @@ class VLLMBackend:
         if shutdown:
             shutdown()
         del self.llm
+
+
+def adapter_request(adapter: LoRAAdapter | None):
+    """vLLM's request for the adapter (one per engine, so one id), or None for a full model."""
+    if adapter is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest("policy", 1, str(adapter.folder))
 
 
 def _generation(output) -> Generation:

@@ -147,6 +147,47 @@ def _file_sha256(path: Path) -> str:
     return _sha256(path)
 
 
+# A LoRA adapter folder as peft writes it (`lora.publish=adapter`, docs/lora.md).
+ADAPTER_CONFIG = "adapter_config.json"
+# The ranks vLLM's engine can be sized for (its `max_lora_rank`).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass(frozen=True)
+class LoRAAdapter:
+    """A peft LoRA adapter folder and the base model folder it applies to."""
+
+    folder: Path
+    base: Path
+    rank: int
+
+    @property
+    def vllm_max_rank(self) -> int:
+        """The smallest `max_lora_rank` vLLM accepts that holds this adapter."""
+        fitting = [r for r in VLLM_LORA_RANKS if r >= self.rank]
+        if not fitting:
+            raise ValueError(f"{self.folder}: rank {self.rank} exceeds vLLM's largest, 512")
+        return fitting[0]
+
+
+def lora_adapter(model_dir: str | Path) -> LoRAAdapter | None:
+    """The adapter in `model_dir` (its `adapter_config.json`: `base_model_name_or_path`, `r`),
+    or None for a full model folder. The base must be a folder that exists: a stage publishes
+    the absolute path of the base it trained on."""
+    config_file = Path(model_dir) / ADAPTER_CONFIG
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    base = Path(config.get("base_model_name_or_path") or "")
+    if not (base / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{config_file}: its base model {str(base)!r} is not a model folder here; the "
+            "adapter applies to that folder (publish lora.publish=merged to move models between "
+            "machines, docs/lora.md)"
+        )
+    return LoRAAdapter(Path(model_dir), base, int(config["r"]))
+
+
 def base_model_gguf() -> Path:
     """Path of the SmolLM2-135M-Instruct GGUF file.
 
