@@ -1,8 +1,12 @@
 """The efficacy bench's arithmetic: tokens to reach a stage, the orderings it checks, the
-bootstrap interval's ends."""
+bootstrap interval's ends, the paired rows pooled over seeds x tasks, and the split it reads
+(validation held out of training, disjoint from test)."""
 
+import json
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
@@ -49,5 +53,88 @@ def test_every_budget_is_valid_settings_of_its_recipe():
             overrides = [*efficacy.BUDGET, *efficacy.recipe_budget(recipe, gpu), "rounds=2"]
             settings = load_config(models[recipe], str(efficacy.ROOT / config), overrides)
             assert settings.env.test_tasks == 26 and settings.rounds == 2
+            assert settings.env.validation_tasks == 20 and settings.env.train_tasks is None
             slices = settings.explore if recipe == "eto" else settings.mcts
             assert slices.tasks_per_round == (99 if gpu else 32)
+
+
+def arguments(tmp_path, *extra):
+    return efficacy.parse_args(
+        ["--seeds", "0", "1", "--recipes", "eto", "--rounds", "1", "--store", str(tmp_path),
+         "--out", str(tmp_path / "out.md"), "--bootstrap", "200", *extra]
+    )  # fmt: skip
+
+
+def test_the_split_flag_reaches_the_flows_and_validation_is_held_out_either_way(tmp_path):
+    from flywheel.settings import ETOConfig, load_config
+
+    for split in ("test", "validation"):
+        overrides = efficacy.recipe_settings("eto", arguments(tmp_path, "--split", split))
+        config = str(efficacy.ROOT / efficacy.RECIPES["eto"][1])
+        settings = load_config(ETOConfig, config, overrides)
+        assert settings.evaluate.split == split
+        # Tuning and reporting runs train on the same tasks: validation is held out in both.
+        assert settings.env.validation_tasks == efficacy.VALIDATION_TASKS == 20
+        assert settings.env.train_tasks is None
+
+
+def test_validation_test_and_train_tasks_are_disjoint_seeded_and_stable(tmp_path):
+    args = arguments(tmp_path)
+    splits = efficacy.task_splits("eto", efficacy.recipe_settings("eto", args), seed=0)
+    assert {k: len(v) for k, v in splits.items()} == {"train": 79, "validation": 20, "test": 26}
+    assert efficacy.task_splits("agent-r", efficacy.recipe_settings("agent-r", args), 1) == splits
+    assert splits["validation"][:2] == ["birch_boat", "black_terracotta"]  # pinned
+
+
+def test_a_planted_overlap_is_refused():
+    efficacy.check_disjoint({"train": ["a", "b"], "validation": ["c"], "test": ["d"]})
+    with pytest.raises(ValueError, match="the test and validation tasks share \\['c'\\]"):
+        efficacy.check_disjoint({"train": ["a", "b"], "validation": ["c"], "test": ["c", "d"]})
+    with pytest.raises(ValueError, match="the train and validation tasks share \\['b'\\]"):
+        efficacy.check_disjoint({"train": ["a", "b"], "validation": ["b"], "test": ["d"]})
+
+
+def test_paired_rows_pool_seeds_and_tasks():
+    fails = {"a": False, "b": False, "c": False, "d": False}
+    outcomes = {
+        0: {"sft": {**fails, "a": True}, "eto-round-1": {**fails, "b": True, "c": True}},
+        1: {"sft": {**fails, "a": True}, "eto-round-1": {**fails, "a": True}},
+    }
+    row = efficacy.paired_row("eto-round-1", "sft", outcomes, 400)
+    # Seed 0: b and c gained, a lost; seed 1: no change. 8 cells, 2 gained, 1 lost.
+    assert (row["cells"], row["gained"], row["lost"], row["difference"]) == (8, 2, 1, 0.125)
+    assert row["p"] == 1.0  # 2 * (1 + 3) / 8, capped
+    assert row["low"] < 0.125 < row["high"]
+    assert efficacy.paired_row("eto-round-2", "sft", outcomes, 10) is None
+
+
+def write_run(store, recipe, seed, stages, starts, folder="evaluate"):
+    run = store / efficacy.run_name(recipe, seed)
+    (run).mkdir(parents=True, exist_ok=True)
+    (run / "results.json").write_text(json.dumps([{"stage": s} for s in stages]))
+    paired = [{"stage": s, "started_from": f} for s, f in starts.items()]
+    (run / "paired.json").write_text(json.dumps(paired))
+    for stage, solved in stages.items():
+        (run / folder / stage).mkdir(parents=True)
+        lines = [json.dumps({"task_id": t, "success": ok}) for t, ok in solved.items()]
+        (run / folder / stage / "trajectories.jsonl").write_text("\n".join(lines))
+
+
+def test_the_report_gives_paired_rows_and_the_split_it_read(tmp_path):
+    args = arguments(tmp_path, "--split", "validation")
+    starts = {"sft": "untrained", "eto-round-1": "sft"}
+    for seed in (0, 1):
+        stages = {
+            "untrained": {"a": False, "b": False},
+            "sft": {"a": True, "b": False},
+            "eto-round-1": {"a": True, "b": seed == 0},
+        }
+        write_run(tmp_path, "eto", seed, stages, starts, folder="evaluate-validation")
+    efficacy.write_report(args, tmp_path, [0, 1], {}, [])
+    text = (tmp_path / "out.md").read_text()
+    assert "Rates on the **validation** split (`--split validation`)." in text
+    assert "- validation tasks (20): birch_boat, black_terracotta," in text
+    assert "- test tasks (26): " in text
+    assert "| eto | sft | untrained | 4 | 2 | 0 | +50.0% |" in text
+    assert "| eto | eto-round-1 | sft | 4 | 1 | 0 | +25.0% |" in text
+    assert (tmp_path / "out.png").stat().st_size > 0
