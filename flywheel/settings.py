@@ -340,7 +340,7 @@ def is_keyed(field) -> bool:
 class LoRASettings(Strict):
     """Low-rank adapters (peft's LoRA) trained instead of every weight; docs/lora.md. The base
     weights stay frozen; the stage publishes the base with the adapters merged into it, a plain
-    model folder the next stage and vLLM read as any other."""
+    model folder the next stage and vLLM read as any other, or the adapter alone (`publish`)."""
 
     enabled: bool = False  # train LoRA adapters instead of the full model
     rank: int = Field(default=16, ge=1)  # the adapters' rank r
@@ -349,20 +349,10 @@ class LoRASettings(Strict):
     # Modules that get adapters: "all-linear" (every linear layer but the output layer) or a
     # list of module names (["q_proj", "v_proj"]).
     target_modules: str | list[str] = "all-linear"
-    # What the stage publishes: merged (the base with the adapters merged in; adapter, a folder
-    # of the adapters alone for vLLM's LoRA serving, is not supported yet).
+    # What the stage publishes: merged (the base with the adapters merged in, a plain model
+    # folder) or adapter (the adapter alone, naming its base: vLLM serves it with its LoRA
+    # support, the next stage trains it further; docs/lora.md).
     publish: Literal["merged", "adapter"] = "merged"
-
-    @field_validator("publish")
-    @classmethod
-    def _adapter_publishing_is_not_built(cls, value: str) -> str:
-        if value == "adapter":
-            raise ValueError(
-                "lora.publish=adapter is not supported yet: publishing the adapter alone needs "
-                "vLLM's LoRA serving (enable_lora, a LoRARequest per call), which Flywheel does "
-                "not set up; use lora.publish=merged (docs/lora.md)"
-            )
-        return value
 
 
 class TrainerSettings(Strict):

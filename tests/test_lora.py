@@ -13,9 +13,18 @@ from pydantic import ValidationError
 from safetensors.torch import load_file
 from test_checkpoint_resume import expert_data  # noqa: F401  (a fixture: expert trajectories)
 
+from flywheel.model import lora_adapter
 from flywheel.settings import DPOSettings, LoRASettings, RLSettings, SFTSettings
 from flywheel.stage import StageOutput, StageRun
-from training.job import TrainingJob, load_model, lora_config, publishable, with_lora
+from training.job import (
+    TrainingJob,
+    load_model,
+    lora_config,
+    new_adapters,
+    publishable,
+    save_trained,
+    with_lora,
+)
 
 LORA = LoRASettings(enabled=True, rank=4, alpha=8.0)
 
@@ -27,9 +36,32 @@ def test_lora_is_off_by_default_and_merged_is_what_is_published():
     assert LoRASettings().publish == "merged"
 
 
-def test_publishing_the_adapter_alone_is_refused_saying_so():
-    with pytest.raises(ValidationError, match="lora.publish=adapter is not supported yet"):
-        LoRASettings(enabled=True, publish="adapter")
+def test_publishing_the_adapter_alone_is_a_choice():
+    assert LoRASettings(enabled=True, publish="adapter").publish == "adapter"
+    with pytest.raises(ValidationError):
+        LoRASettings(enabled=True, publish="both")
+
+
+def write_adapter_config(folder: Path, base, rank: int) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"base_model_name_or_path": str(base), "r": rank, "peft_type": "LORA"}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_an_adapter_folder_names_its_base_and_the_rank_vllm_is_sized_for(tmp_path, tiny_model_dir):
+    adapter = lora_adapter(write_adapter_config(tmp_path / "a", tiny_model_dir, 4))
+    assert (adapter.folder, adapter.base, adapter.rank) == (tmp_path / "a", tiny_model_dir, 4)
+    assert adapter.vllm_max_rank == 8  # vLLM's ranks: 1, 8, 16, 32, ...
+    assert (
+        lora_adapter(write_adapter_config(tmp_path / "b", tiny_model_dir, 16)).vllm_max_rank == 16
+    )
+    assert (
+        lora_adapter(write_adapter_config(tmp_path / "c", tiny_model_dir, 17)).vllm_max_rank == 32
+    )
+    assert lora_adapter(tiny_model_dir) is None  # a full model folder
+    with pytest.raises(FileNotFoundError, match="is not a model folder here"):
+        lora_adapter(write_adapter_config(tmp_path / "d", tmp_path / "gone", 4))
 
 
 @pytest.mark.parametrize("settings_class", [SFTSettings, DPOSettings, RLSettings])
@@ -92,16 +124,54 @@ def test_only_the_adapters_train_and_the_merged_model_is_a_plain_one(tiny_model_
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     assert not any("lm_head" in n or "embed" in n for n in trainable)  # all-linear skips them
-    with torch.no_grad():  # as if trained: B starts at zero
-        for name, parameter in model.named_parameters():
-            if ".lora_B." in name:
-                parameter.fill_(0.01)
-    merged = publishable(model)
+    merged = publishable(trained_as_if(model))
     base = load_model(TrainingJob(str(tiny_model_dir), "", ""))
     assert type(merged) is type(base)
     assert merged.state_dict().keys() == base.state_dict().keys()
     changed = [k for k, v in merged.state_dict().items() if not v.equal(base.state_dict()[k])]
     assert changed and all("proj" in k for k in changed)
+
+
+def trained_as_if(model):
+    """`model`'s adapters as if trained (B starts at zero: the adapters would change nothing)."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".lora_B." in name:
+                parameter.fill_(0.01)
+    return model
+
+
+def adapter_weights(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if ".lora_" in n}
+
+
+def test_a_published_adapter_names_its_base_and_the_next_stage_trains_it_further(
+    tmp_path, tiny_model_dir
+):
+    adapter_job = LORA.model_copy(update={"publish": "adapter"}).model_dump(mode="json")
+    job = TrainingJob(str(tiny_model_dir), "", "", lora=adapter_job)
+    model = trained_as_if(with_lora(load_model(job), job))
+    save_trained(model, job, str(tmp_path / "sft"))
+    published = sorted(p.name for p in (tmp_path / "sft").iterdir())
+    assert published == ["README.md", "adapter_config.json", "adapter_model.safetensors"]
+    assert lora_adapter(tmp_path / "sft").base == tiny_model_dir.resolve()
+
+    # the next stage under LoRA: the base with this adapter, trainable, not wrapped again
+    next_job = TrainingJob(str(tmp_path / "sft"), "", "", lora=adapter_job)
+    resumed = load_model(next_job)
+    assert new_adapters(resumed, next_job) is None and with_lora(resumed, next_job) is resumed
+    trainable = {n for n, p in resumed.named_parameters() if p.requires_grad}
+    assert trainable == set(adapter_weights(model))
+    assert all(adapter_weights(resumed)[n].equal(w) for n, w in adapter_weights(model).items())
+    # ... publishing the same base again (not the adapter's folder)
+    save_trained(resumed, next_job, str(tmp_path / "dpo"))
+    assert lora_adapter(tmp_path / "dpo").base == tiny_model_dir.resolve()
+
+    # the next stage under full training: the adapter merged into the base
+    merged = load_model(TrainingJob(str(tmp_path / "sft"), "", ""))
+    expected = publishable(model).state_dict()
+    assert merged.state_dict().keys() == expected.keys()
+    assert all(torch.allclose(v, expected[k], atol=1e-6) for k, v in merged.state_dict().items())
 
 
 # Slow: the trainers themselves ----------------------------------------------------------------

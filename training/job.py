@@ -97,12 +97,21 @@ def checkpointing(job: TrainingJob) -> dict:
 
 
 def load_model(job: TrainingJob):
-    """The model to train, float32, with `job.frozen_layers` bottom layers frozen."""
+    """The model to train, float32, with `job.frozen_layers` bottom layers frozen. From a LoRA
+    adapter folder (a stage that published `lora.publish=adapter`): its base with the adapter,
+    which goes on training under LoRA and is merged into the base otherwise."""
     from transformers import AutoModelForCausalLM
+
+    from flywheel.model import lora_adapter
 
     if not job.score_every_position:
         score_loss_positions_only()
-    model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype="float32")
+    adapter = lora_adapter(job.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(
+        adapter.base if adapter else job.model_dir, dtype="float32"
+    )
+    if adapter:
+        model = with_adapter(model, adapter, job)
     if job.frozen_layers:
         layers = model.base_model.layers
         if job.frozen_layers > len(layers):
@@ -111,6 +120,20 @@ def load_model(job: TrainingJob):
         for layer in layers[: job.frozen_layers]:
             layer.requires_grad_(False)
     return model
+
+
+def with_adapter(model, adapter, job: TrainingJob):
+    """`model` (the adapter's base) with the adapter of the stage it starts from: trainable
+    under LoRA (the same adapter trained further, its rank and modules kept: the base stays the
+    one vLLM serves), else merged into the weights for full training."""
+    from peft import PeftModel
+
+    trains = lora_config(job) is not None
+    if trains and job.lora["rank"] != adapter.rank:
+        print(f"{adapter.folder}: training its rank-{adapter.rank} adapter further "
+              f"(lora.rank={job.lora['rank']} applies to new adapters only)")  # fmt: skip
+    model = PeftModel.from_pretrained(model, str(adapter.folder), is_trainable=trains)
+    return model if trains else model.merge_and_unload()
 
 
 def lora_config(job: TrainingJob):
@@ -123,8 +146,6 @@ def lora_config(job: TrainingJob):
 
     if job.frozen_layers:
         raise ValueError(f"lora with frozen_layers={job.frozen_layers}: LoRA replaces it")
-    if job.lora.get("publish", "merged") != "merged":
-        raise ValueError(f"lora.publish={job.lora['publish']!r} is not supported yet")
     return LoraConfig(
         r=job.lora["rank"],
         lora_alpha=job.lora["alpha"],
@@ -134,14 +155,44 @@ def lora_config(job: TrainingJob):
     )
 
 
+def new_adapters(model, job: TrainingJob):
+    """The LoraConfig to wrap `model` with (trl's `peft_config`): None under full training, and
+    for a model that carries the adapter it goes on training (`with_adapter`)."""
+    from peft import PeftModel
+
+    return None if isinstance(model, PeftModel) else lora_config(job)
+
+
 def with_lora(model, job: TrainingJob):
     """`model` wrapped with the job's LoRA adapters (base weights frozen), or as it is."""
-    config = lora_config(job)
+    config = new_adapters(model, job)
     if config is None:
         return model
     from peft import get_peft_model
 
     return get_peft_model(model, config)
+
+
+def publishes_adapter(job: TrainingJob) -> bool:
+    return lora_config(job) is not None and job.lora.get("publish") == "adapter"
+
+
+def save_trained(model, job: TrainingJob, output_dir: str) -> None:
+    """The stage's model folder. `lora.publish=adapter`: the adapter alone (peft's
+    adapter_config.json and adapter_model.safetensors) naming the absolute path of the base it
+    applies to; otherwise a plain model folder, any adapters merged in."""
+    from peft import PeftModel
+
+    from flywheel.model import lora_adapter
+
+    if not (isinstance(model, PeftModel) and publishes_adapter(job)):
+        publishable(model).save_pretrained(output_dir)
+        return
+    adapter = lora_adapter(job.model_dir)
+    base = adapter.base if adapter else Path(job.model_dir).resolve()
+    model.peft_config["default"].base_model_name_or_path = str(base)
+    # DPO from an adapter adds a frozen copy, "ref", as its reference: not the policy
+    model.save_pretrained(output_dir, selected_adapters=["default"])
 
 
 def publishable(model):
@@ -150,7 +201,9 @@ def publishable(model):
     any other as it is."""
     from peft import PeftModel
 
-    return model.merge_and_unload() if isinstance(model, PeftModel) else model
+    if not isinstance(model, PeftModel):
+        return model
+    return model.merge_and_unload(adapter_names=["default"])  # not DPO's "ref" copy
 
 
 def score_loss_positions_only() -> None:
@@ -202,8 +255,8 @@ def train_and_save(trainer, tokenizer, job: TrainingJob, rows: int) -> dict:
     result = trainer.train(resume_from_checkpoint=resume)
     if lora_config(job) is None:
         trainer.save_model(job.output_dir)
-    elif trainer.is_world_process_zero():  # the adapters merged: a plain model folder
-        publishable(trainer.accelerator.unwrap_model(trainer.model)).save_pretrained(job.output_dir)
+    elif trainer.is_world_process_zero():  # the adapter alone, or merged: a plain model folder
+        save_trained(trainer.accelerator.unwrap_model(trainer.model), job, job.output_dir)
     if not trainer.is_world_process_zero():
         return {}
     write_history(job, trainer.state.log_history)

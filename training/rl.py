@@ -80,8 +80,8 @@ from training.job import (
     load_model,
     mlflow_step_logger,
     parse_job,
-    publishable,
     report_metrics,
+    save_trained,
     with_lora,
     write_history,
 )
@@ -499,8 +499,8 @@ def group_stats(rows: Rows) -> dict[str, int]:
     return {"groups": len(groups), "groups_zero_reward_variance": flat}
 
 
-def save_policy(policy: Policy, tokenizer, output_dir: str) -> None:
-    publishable(policy.model).save_pretrained(output_dir)
+def save_policy(policy: Policy, tokenizer, job: TrainingJob, output_dir: str) -> None:
+    save_trained(policy.model, job, output_dir)
     tokenizer.save_pretrained(output_dir)
     if policy.value_head is not None:
         head = {k: v.detach().cpu().contiguous() for k, v in policy.value_head.state_dict().items()}
@@ -577,7 +577,7 @@ def train(job: TrainingJob) -> dict:
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         return {}
-    save_policy(accelerator.unwrap_model(wrapped), tokenizer, job.output_dir)
+    save_policy(accelerator.unwrap_model(wrapped), tokenizer, job, job.output_dir)
     write_history(job, progress.history)
     return {
         "resumed_from_step": resumed_from if found else 0,

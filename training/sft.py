@@ -19,7 +19,7 @@ from training.datasets import sft_rows, token_counts
 from training.job import (
     TrainingJob,
     load_model,
-    lora_config,
+    new_adapters,
     parse_job,
     report_metrics,
     train_and_save,
@@ -45,7 +45,7 @@ def train(job: TrainingJob) -> dict:
         args=config,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
-        peft_config=lora_config(job),
+        peft_config=new_adapters(model, job),
     )
     metrics = train_and_save(trainer, tokenizer, job, len(rows))
     return {**metrics, **counts.as_metrics(), **token_counts(rows)} if metrics else metrics
