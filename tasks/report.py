@@ -142,7 +142,9 @@ def splits_text(evaluated: str, splits: dict[str, list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def success_plot(rows: list[dict], title: str, paired: list[dict] | None = None) -> bytes:
+def success_plot(
+    rows: list[dict], title: str, paired: list[dict] | None = None, split: str = "test"
+) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,7 +161,7 @@ def success_plot(rows: list[dict], title: str, paired: list[dict] | None = None)
     ax.bar_label(
         bars, labels=[f"{v:.1f}% ({r['solved']})" for v, r in zip(values, rows, strict=True)]
     )
-    ax.set_ylabel("success rate on test tasks (%)\nbars: 95% Wilson interval")
+    ax.set_ylabel(f"success rate on {split} tasks (%)\nbars: 95% Wilson interval")
     ax.set_ylim(
         0, min(100.0, max(10.0, max((100 * r["ci95_high"] for r in rows), default=0) * 1.15))
     )
@@ -237,7 +239,7 @@ def report_stage(
     store = ArtifactStore(store_url)
     rows, paired = report_tables(store, evaluations, lineage or [], branches or {})
     table = report_markdown(rows, paired, evaluated_split, splits or {})
-    png = success_plot(rows, title, paired)
+    png = success_plot(rows, title, paired, evaluated_split)
     store.write_json(f"{run_url}/results.json", rows)
     store.write_json(f"{run_url}/paired.json", paired)
     noted = table + ("\n" + "".join(f"- {n}\n" for n in notes) if notes else "")
