@@ -252,6 +252,11 @@ def trained_model(
     from flywheel.stage import StageResult
     from training.checkpoint import checkpoint_plan, remove_checkpoints
 
+    if settings.lora.enabled and settings.lora.publish == "adapter" and not run.store.is_local:
+        raise ValueError(
+            "lora.publish=adapter needs a local store (storage_url a folder): the adapter names "
+            "its base by its path on this machine; use lora.publish=merged (docs/lora.md)"
+        )
     job_fields = {
         "checkpoint": checkpoint_plan(run, settings.checkpoint_every_steps),
         "lora": settings.lora.model_dump(mode="json"),

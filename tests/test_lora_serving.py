@@ -1,0 +1,106 @@
+"""A LoRA adapter published alone (`lora.publish=adapter`) served by vLLM: the engine loads its
+base with LoRA enabled and sends the adapter with every request; slow, the adapter-served greedy
+replies are the merged model's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_lora import write_adapter_config
+
+from flywheel.inference import SamplingSettings
+from flywheel.settings import LoRASettings
+from training.job import TrainingJob, load_model, publishable, save_trained, with_lora
+
+
+def test_an_adapter_folder_is_served_from_its_base_with_the_adapter_on_every_request(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    import vllm
+
+    import flywheel.inference as inference
+
+    for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND"):  # it sets these
+        monkeypatch.delenv(name, raising=False)
+    made = []
+
+    class Engine:
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+            self.requests = []
+
+        def generate(self, prompts, params, use_tqdm, lora_request=None):
+            self.requests.append(lora_request)
+            return []
+
+    monkeypatch.setattr(vllm, "LLM", Engine)
+    folder = write_adapter_config(tmp_path / "adapter", tiny_model_dir, 4)
+    served = inference.VLLMBackend(str(folder), 2048, 2)
+    assert made[0]["model"] == str(tiny_model_dir)
+    assert (made[0]["enable_lora"], made[0]["max_lora_rank"]) == (True, 8)
+    served.generate([], SamplingSettings())
+    assert served.llm.requests[0].lora_path == str(folder)
+    full = inference.VLLMBackend(str(tiny_model_dir), 2048, 2)
+    assert made[1]["model"] == str(tiny_model_dir) and "enable_lora" not in made[1]
+    full.generate([], SamplingSettings())
+    assert full.llm.requests == [None]
+
+
+PROMPTS = [
+    "The capital of France is",
+    "<|im_start|>user\nHow do I craft planks?<|im_end|>\n<|im_start|>assistant\n",
+    "1, 2, 3, 4,",
+    "Write a haiku about a stick:",
+]
+
+
+def published_both_ways(base_model_dir: Path, folder: Path) -> tuple[Path, Path]:
+    """One adapter (rank 8 on every linear layer, B drawn at random: as if trained), published
+    alone and merged into the base."""
+    lora = LoRASettings(enabled=True, rank=8, alpha=16.0, publish="adapter")
+    job = TrainingJob(str(base_model_dir), "", "", lora=lora.model_dump(mode="json"))
+    model = with_lora(load_model(job), job)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".lora_B." in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+    save_trained(model, job, str(folder / "adapter"))
+    publishable(model).save_pretrained(folder / "merged")
+    return folder / "adapter", folder / "merged"
+
+
+def greedy(model_dir: Path, prompts: list[list[int]]) -> tuple[list[list[int]], list[float]]:
+    """vLLM's greedy replies and each reply's summed log-probability."""
+    from flywheel.inference import VLLMBackend
+
+    backend = VLLMBackend(str(model_dir), max_model_len=512, kv_cache_gib=1)
+    try:
+        replies = [g.token_ids for g in backend.generate(prompts, SamplingSettings(max_tokens=24))]
+        return replies, backend.score(prompts, replies)
+    finally:
+        backend.close()
+
+
+@pytest.mark.slow
+def test_the_adapter_served_by_vllm_replies_as_the_merged_model(tmp_path, base_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    adapter, merged = published_both_ways(base_model_dir, tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
+    prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    served, served_scores = greedy(adapter, prompts)
+    plain, plain_scores = greedy(merged, prompts)
+    assert served == plain
+    # float32 both ways; the adapter's matmuls apart from the base's round differently
+    assert served_scores == pytest.approx(plain_scores, abs=1e-3)
+
+    # ... and the adapter matters: the base alone answers otherwise
+    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype="float32")
+    base_replies = []
+    for prompt in prompts:
+        ids = base.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)
+        base_replies.append(ids[0, len(prompt) :].tolist())
+    assert base_replies != served
