@@ -115,3 +115,35 @@ def test_scienceworld_validation_variations_come_from_its_train_variations():
     assert len(held) == 1 and set(held) <= set(train) and not set(held) & set(test)
     assert sorted(env.task_ids("train") + held) == sorted(train)
     assert env.task_ids("test") == test
+
+
+def test_a_recipe_evaluates_on_the_split_its_settings_name_and_trains_apart_from_it(tmp_path):
+    from flows.et_agent import ETAgent
+    from flows.eto import ETO
+    from flywheel.storage import ArtifactStore
+
+    overrides = {"env": {**EASY, "validation_tasks": 20}, "rounds": 2}
+    store = ArtifactStore(str(tmp_path))
+    tuning = ETO(
+        ETOConfig.model_validate({**overrides, "evaluate": {"split": "validation"}}), store, None
+    )
+    reporting = ETO(ETOConfig.model_validate(overrides), store, None)
+    assert tuning.evaluation_ids == tuning.splits["validation"] == reporting.splits["validation"]
+    assert (
+        reporting.evaluation_ids == reporting.splits["test"] and len(reporting.evaluation_ids) == 26
+    )
+    assert tuning.train_ids == reporting.train_ids  # tuning and reporting train on the same tasks
+    assert not set(tuning.train_ids) & set(tuning.evaluation_ids)
+    # The report pairs each stage with the one it started from.
+    assert tuning.lineage() == ["untrained", "sft", "eto-round-1", "eto-round-2"]
+    assert ETAgent.lineage_start == "warm-start"
+
+
+def test_environment_servers_still_serve_every_task_with_a_validation_split():
+    from envs.agentgym import served_task_ids
+
+    plain = served_task_ids(make_env("textcraft"))
+    held = make_env(EnvSettings(name="textcraft", validation_tasks=5))
+    served = served_task_ids(held)
+    assert sorted(served) == sorted(plain) and len(served) == 321 + 98
+    assert served[321 - 5 : 321] == held.task_ids("validation")  # after the train tasks
