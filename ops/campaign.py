@@ -4,7 +4,10 @@ The campaign's state is `<run>/campaign.json` in the artifact store: the rounds 
 A run takes the campaign's Prefect concurrency slot (a global limit of 1, named after the store
 and run), reads the state, runs exactly one more round and publishes it, so two runs of one
 campaign never overlap and a crashed run leaves the last published round as it was. The slot is
-a lease: a run killed while holding it frees it when the lease runs out.
+a lease: a run killed while holding it frees it when the lease runs out. Without a Prefect server
+each run's temporary server keeps the lease in its memory, which dies with a killed run while the
+slot stays taken in the database: the holder's record in the store (`SLOT_HOLDER`) lets the next
+run free the slot of a holder that no longer runs (`release_dead_holder`).
 """
 
 from __future__ import annotations
@@ -14,12 +17,15 @@ import re
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 
+from pydantic import BaseModel
+
 from flywheel.records import Campaign, CampaignRound
 from flywheel.storage import ArtifactStore
-from ops.run_lock import RunLock
+from ops.run_lock import RunLock, process_alive, process_started
 from ops.runner import preflight, run_tracked
 
 STATE_FILE = "campaign.json"
+SLOT_HOLDER = ".flywheel-campaign-slot.json"  # who holds the slot, while it is held
 LEASE_S = 600  # renewed while the run lives; how long a killed run blocks the next one
 
 
@@ -106,7 +112,73 @@ def campaign_slot(store: ArtifactStore, run_name: str):
                 client.create_global_concurrency_limit(
                     GlobalConcurrencyLimitCreate(name=name, limit=1)
                 )
+        release_dead_holder(client, store, run_name, name)
     print(f"waiting for campaign slot {name!r}")
     with concurrency(name, occupy=1, strict=True, lease_duration=LEASE_S):
+        holder = store.url(run_name, SLOT_HOLDER)
+        store.write_text(holder, SlotHolder.of_this_process(name).model_dump_json())
         print(f"holding campaign slot {name!r}")
-        yield
+        try:
+            yield
+        finally:  # before the slot is given back: a record never names a free slot's holder
+            with suppress(OSError):
+                store.remove(holder)
+
+
+class SlotHolder(BaseModel):
+    """The process holding a campaign's slot (`SLOT_HOLDER` in the run's folder)."""
+
+    slot: str
+    host: str
+    pid: int
+    process_started: float  # a pid reused later is another process
+    flow_run_id: str | None
+    since: str
+
+    @classmethod
+    def of_this_process(cls, slot: str) -> SlotHolder:
+        import os
+        import socket
+
+        from prefect.runtime import flow_run
+
+        return cls(
+            slot=slot, host=socket.gethostname(), pid=os.getpid(),
+            process_started=process_started(os.getpid()), flow_run_id=flow_run.get_id(),
+            since=datetime.now(UTC).isoformat(timespec="seconds"),
+        )  # fmt: skip
+
+    def is_dead(self) -> bool:
+        """Certainly gone: a process of this host that no longer runs (another host's may be
+        alive; its lease frees its slot on the server both use)."""
+        import socket
+
+        return self.host == socket.gethostname() and not process_alive(
+            self.pid, self.process_started
+        )
+
+
+def release_dead_holder(client, store: ArtifactStore, run_name: str, name: str) -> None:
+    """Free the slot of a holder that was killed (its record left, its process gone) when this
+    run has no Prefect server: the lease died with the killed run's temporary server, and
+    nothing else would ever give the slot back. With a server, its lease runs out instead."""
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+    from prefect.settings import get_current_settings
+
+    url = store.url(run_name, SLOT_HOLDER)
+    if get_current_settings().api.url or not store.exists(url):
+        return
+    holder = SlotHolder.model_validate_json(store.read_text(url))
+    if holder.slot != name or not holder.is_dead():
+        return
+    taken = client.read_global_concurrency_limit_by_name(name).active_slots
+    if taken:
+        client.update_global_concurrency_limit(
+            name, GlobalConcurrencyLimitUpdate(active_slots=taken - 1)
+        )
+        print(
+            f"campaign slot {name!r}: released the slot held by pid {holder.pid} on "
+            f"{holder.host} (flow run {holder.flow_run_id}, since {holder.since}), which no "
+            "longer runs"
+        )
+    store.remove(url)
