@@ -275,3 +275,52 @@ def test_sft_with_lora_killed_mid_training_resumes_to_the_uninterrupted_result(
 
     assert per_step(through[1]) == per_step(resumed[1]) and len(per_step(through[1])) == 12
     assert resumed[2]["resumed_from_step"] > 0
+
+
+@pytest.mark.slow
+def test_dpo_from_a_published_adapter_trains_it_against_its_frozen_copy(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """SFT publishes its adapter alone; DPO starts from it: the reference is trl's frozen copy
+    of that adapter (the SFT policy, not the bare base), and DPO publishes the trained adapter
+    alone, naming the same base."""
+    from test_dpo_entry import make_pair, write_pairs
+
+    import training.dpo as dpo
+    import training.sft as sft
+    from agents.rollout import agent_prefix
+    from envs import make_env
+    from tasks.expert_data import collect_expert
+
+    adapter = LORA.model_copy(update={"publish": "adapter"}).model_dump(mode="json")
+    env = make_env("textcraft")
+    trajectories, _ = collect_expert(env, env.task_ids("train")[:2], agent_prefix(env, []))
+    data = tmp_path / "expert.jsonl"
+    data.write_text("".join(t.model_dump_json() + "\n" for t in trajectories))
+    sft_job = lora_job(tmp_path / "sft", tiny_model_dir, str(data))
+    sft_job.lora = adapter
+    sft.train(sft_job)
+    assert lora_adapter(tmp_path / "sft" / "model").base == tiny_model_dir.resolve()
+
+    built = []
+    original = dpo.TokenizedDPOTrainer.__init__
+
+    def keep(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(dpo.TokenizedDPOTrainer, "__init__", keep)
+    pairs = write_pairs(tmp_path / "pairs.jsonl", [make_pair(3, 2), make_pair(2, 4)])
+    dpo_job = lora_job(tmp_path / "dpo", tmp_path / "sft" / "model", pairs)
+    dpo_job.lora, dpo_job.trl_args["precompute_ref_log_probs"] = adapter, True
+    dpo.train(dpo_job)
+    trainer = built[0]
+    assert trainer.ref_model is None and sorted(trainer.model.peft_config) == ["default", "ref"]
+    history = json.loads(json.dumps(trainer.state.log_history))
+    first = next(e for e in history if "loss" in e)
+    # the reference is the policy DPO started from: zero rewards at the first step (against the
+    # bare base they would not be: SFT moved the adapter)
+    assert first["rewards/chosen"] == 0.0 == first["rewards/rejected"]
+    published = tmp_path / "dpo" / "model"
+    assert lora_adapter(published).base == tiny_model_dir.resolve()
+    assert not (published / "ref").exists() and not (published / "model.safetensors").exists()
