@@ -139,7 +139,9 @@ def test_a_recipe_reached_along_two_paths_is_listed_once():
 
 
 def test_an_unknown_split_is_refused_by_name():
-    with pytest.raises(ValueError, match="unknown split 'dev'; expected 'train', 'validation' or 'test'"):
+    with pytest.raises(
+        ValueError, match="unknown split 'dev'; expected 'train', 'validation' or 'test'"
+    ):
         TextCraftEnv().task_ids("dev")
 
 
