@@ -23,6 +23,7 @@ import ast
 import functools
 import hashlib
 import json
+import threading
 from importlib import metadata
 from pathlib import Path
 from typing import NamedTuple
@@ -125,9 +126,16 @@ def parsed(module: str, project: Path) -> tuple[frozenset[str], str]:
     return _parse(module, project, path.name == "__init__.py", source)
 
 
+# CPython 3.11's ast.parse keeps its recursion depth in one global: two threads parsing at once
+# (two stages keyed at the same moment) failed a chaos run's exploration shard with
+# "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905).
+PARSE_LOCK = threading.Lock()
+
+
 @functools.lru_cache(maxsize=4096)
 def _parse(module: str, project: Path, is_package: bool, source: bytes):
-    tree = ast.parse(source)
+    with PARSE_LOCK:
+        tree = ast.parse(source)
     package = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
 
