@@ -26,7 +26,13 @@ from tqdm import tqdm
 
 from envs.base import Environment, EnvironmentUnavailable, Episode
 from flywheel.chat import ChatTokenizer, format_observation, parse_reply
-from flywheel.inference import Generation, InferenceBackend, SamplingSettings
+from flywheel.inference import (
+    Generation,
+    InferenceBackend,
+    SamplingSettings,
+    request_seed,
+    sample_indices,
+)
 from flywheel.records import Message, Trajectory
 
 
@@ -190,6 +196,7 @@ class _Search:
     ids: dict[int, list[int]]  # open node -> prompt ids up to its observation
     states: dict[int, Any] = field(default_factory=dict)  # open node -> environment snapshot
     cursor: int | None = None
+    occurrence: int = 0  # trees of the same task before this one in the call (their seeds)
 
 
 def search(
@@ -205,6 +212,8 @@ def search(
     """Build one tree per task; every pending expansion shares one generate call."""
     prefix_ids, _ = chat.encode(prefix)
     searches = [_start(env, task_id, prefix_ids, chat, limits, seed) for task_id in task_ids]
+    for s, occurrence in zip(searches, sample_indices(task_ids), strict=True):
+        s.occurrence = occurrence
     bar = tqdm(
         total=len(searches) * limits.iterations, desc="mcts iterations", disable=not progress
     )
@@ -220,13 +229,7 @@ def search(
             break
         n = limits.samples_per_node
         prompts = [s.ids[s.cursor] + chat.header_ids for s in pending for _ in range(n)]
-        sampling = SamplingSettings(
-            temperature=limits.sampling.temperature,
-            top_p=limits.sampling.top_p,
-            max_tokens=limits.sampling.max_tokens,
-            seed=limits.sampling.seed + 1_000_003 * calls,
-        )
-        generations = backend.generate(prompts, sampling)
+        generations = backend.generate(prompts, expansion_sampling(limits.sampling, pending, n))
         calls += 1
         for k, s in enumerate(pending):
             _expand(env, chat, s, generations[k * n : (k + 1) * n], limits)
@@ -236,6 +239,19 @@ def search(
         if s.episode is not None:
             s.episode.close()
     return [s.tree for s in searches]
+
+
+def expansion_sampling(sampling: SamplingSettings, pending: list[_Search], n: int):
+    """`sampling` with the seeds of each pending tree's `n` samples: the run's seed, the task,
+    the sample (k-th of the node's, of the task's k-th tree) and the node expanded (the turn's
+    place in the tree); never the call count or the tree's place among the pending ones, which
+    depend on how the other trees grow."""
+    seeds = [
+        request_seed(sampling.seed, s.tree.task_id, s.occurrence * n + k, s.cursor)
+        for s in pending
+        for k in range(n)
+    ]
+    return sampling.with_request_seeds(seeds)
 
 
 def _start(env, task_id, prefix_ids, chat, limits: SearchLimits, seed: int) -> _Search:

@@ -23,6 +23,8 @@ from flywheel.inference import (
     InferenceBackend,
     OpenAIBackend,
     SamplingSettings,
+    request_seed,
+    sample_indices,
     shared_vllm,
 )
 from flywheel.records import EpisodeStats, Message, Trajectory
@@ -103,6 +105,7 @@ class _Live:
     episode: Episode | None
     messages: list[Message]
     ids: list[int] = field(default_factory=list)
+    sample: int = 0  # which of its task's episodes in the call (`sample_indices`): its seeds'
     reward: float = 0.0
     steps: int = 0
     finish_reason: str = ""
@@ -141,6 +144,8 @@ def run_batched(
     prefix_ids, _ = chat.encode(prefix)
     start = functools.partial(_start, env, prefix=prefix, prefix_ids=prefix_ids, chat=chat)
     states = env.in_parallel(start, task_ids)
+    for state, sample in zip(states, sample_indices(task_ids), strict=True):
+        state.sample = sample
     live = [s for s in states if not s.finish_reason]
     failed = [
         s.error for s in states if s.error and not isinstance(s.error, EnvironmentUnavailable)
@@ -195,6 +200,9 @@ def continue_batched(
     as "replay-mismatch: ..." (an error while replaying as "replay-error: ..."), not raised."""
     turns = turns_for(env)
     states = [_resume(env, turns, chat, resume) for resume in resumes]
+    samples = sample_indices([resume.trajectory.task_id for resume in resumes])
+    for state, sample in zip(states, samples, strict=True):
+        state.sample = sample
     live = [s for s in states if not s.finish_reason]
     _play_closing(env, live, backend, chat, settings, progress, total=len(states))
     return [
@@ -255,7 +263,7 @@ def _play(env, live: list[_Live], backend, chat, settings, progress: bool, total
     while live:
         step += 1
         prompts = [state.ids + chat.header_ids for state in live]
-        generations = backend.generate(prompts, settings.sampling)
+        generations = backend.generate(prompts, turn_sampling(settings.sampling, live))
         replies = [
             _reply(chat, turns, state, g) for state, g in zip(live, generations, strict=True)
         ]
@@ -270,6 +278,14 @@ def _play(env, live: list[_Live], backend, chat, settings, progress: bool, total
         live = [state for state in live if not state.finish_reason]
         bar.set_postfix(step=step, live=len(live))
     bar.close()
+
+
+def turn_sampling(sampling: SamplingSettings, live: list[_Live]) -> SamplingSettings:
+    """`sampling` with each live episode's seed for its next reply: the run's seed, its task,
+    its sample index and its turn; never its place among the live episodes, which shifts as
+    others end, so an episode's replies do not depend on which others run beside it."""
+    seeds = [request_seed(sampling.seed, s.task_id, s.sample, s.steps) for s in live]
+    return sampling.with_request_seeds(seeds)
 
 
 def run_sequential(env, task_ids, backend, chat, prefix, settings) -> list[Trajectory]:
@@ -480,8 +496,27 @@ def rollout_to_store(
             **group_metrics,
             "seconds": seconds,
             "generated_tokens_per_s": generated / seconds if seconds else 0.0,
+            "deterministic_sampling": float(promises_determinism(backend)),
         },
+        notes=determinism_notes(backend),
     )
+
+
+def promises_determinism(backend: InferenceBackend) -> bool:
+    """Whether the backend says a re-run samples the same episodes; one that does not say
+    (a test's scripted backend, a new one) is taken to promise nothing."""
+    return bool(getattr(backend, "deterministic_sampling", False))
+
+
+def determinism_notes(backend: InferenceBackend) -> list[str]:
+    """What a manifest says when the backend cannot promise the same episodes on a re-run."""
+    if promises_determinism(backend):
+        return []
+    return [
+        f"{type(backend).__name__} does not promise reproducible samples: every request carries "
+        "its seed, but the engine's kernels or the server's batching can change its numbers, so a "
+        "re-run may sample different episodes (docs/determinism.md)."
+    ]
 
 
 def generated_tokens(trajectory: Trajectory) -> int:

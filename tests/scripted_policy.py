@@ -34,7 +34,8 @@ class NoisyExpertBackend:
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
         self.calls.append(len(prompts))
-        return [self._reply(p, sampling.prompt_seed(i) or 0) for i, p in enumerate(prompts)]
+        seeds = sampling.seeds_for(len(prompts))
+        return [self._reply(p, seed or 0) for p, seed in zip(prompts, seeds, strict=True)]
 
     def _reply(self, prompt: list[int], seed: int) -> Generation:
         text = self.tokenizer.decode(prompt, skip_special_tokens=True)

@@ -338,7 +338,7 @@ def test_a_tree_renders_as_an_outline_written_out_by_hand():
 
 @pytest.mark.parametrize("restore", [True, False])
 def test_two_trees_built_together_node_by_node_as_worked_out_by_hand(chat, restore):
-    from flywheel.inference import SamplingSettings
+    from flywheel.inference import SamplingSettings, request_seed
 
     env = Dial()
     replies = [
@@ -388,8 +388,8 @@ def test_two_trees_built_together_node_by_node_as_worked_out_by_hand(chat, resto
     assert all(e.closed for e in env.episodes)
     assert len(env.episodes) == (2 if restore else 2 + 3 + 2)
 
-    # One call per step of the search: both trees' samples together, then tree t's alone, each
-    # with its own seed.
+    # One call per step of the search: both trees' samples together, then tree t's alone; each
+    # sample seeded by its task, its index and the node expanded, not by the call or its place.
     (first, first_sampling), (second, second_sampling) = backend.calls
     root_t = chat.encode(prefix + [Message(role="user", content="Goal: win t.")])[0]
     root_u = chat.encode(prefix + [Message(role="user", content="Goal: win u.")])[0]
@@ -400,9 +400,13 @@ def test_two_trees_built_together_node_by_node_as_worked_out_by_hand(chat, resto
         Message(role="user", content="Observation: at 1"),
     ])[0]  # fmt: skip
     assert second == [after_up + chat.header_ids] * 3
-    assert first_sampling == SamplingSettings(temperature=0.7, top_p=0.9, max_tokens=20, seed=5)
-    assert second_sampling == SamplingSettings(temperature=0.7, top_p=0.9, max_tokens=20,
-                                               seed=5 + 1_000_003)  # fmt: skip
+    settings = SamplingSettings(temperature=0.7, top_p=0.9, max_tokens=20, seed=5)
+    seeds_t0 = [request_seed(5, "t", k, 0) for k in range(3)]
+    seeds_u0 = [request_seed(5, "u", k, 0) for k in range(3)]
+    assert first_sampling == settings.with_request_seeds(seeds_t0 + seeds_u0)
+    assert second_sampling == settings.with_request_seeds(
+        [request_seed(5, "t", k, 1) for k in range(3)]
+    )
 
 
 @pytest.mark.parametrize("restore", [True, False])

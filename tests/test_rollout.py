@@ -376,11 +376,14 @@ def test_a_rollout_stage_counts_and_averages_hand_made_episodes(
         "ended_context": 1, "retried": 2, "recoveries": 3,
     }  # fmt: skip
     # 1 of 3 solved; rewards 1.5 / 3; steps 18 / 3; 6 generated tokens in 2.5 s, 2 per episode;
-    # no group, so no share of groups without reward variance; no per-episode metrics.
+    # no group, so no share of groups without reward variance; no per-episode metrics; the
+    # scripted backend "backend" does not say its samples are reproducible, so they are not.
     assert manifest.metrics == {
         "success_rate": 1 / 3, "average_reward": 0.5, "average_steps": 6.0, "seconds": 2.5,
         "generated_tokens_per_s": 2.4, "generated_tokens_per_episode": 2.0,
+        "deterministic_sampling": 0.0,
     }  # fmt: skip
+    assert "does not promise reproducible samples" in manifest.notes[0]
 
 
 def test_a_rollout_stage_with_no_time_measured_reports_zero_tokens_per_second(
@@ -663,6 +666,7 @@ def test_the_engine_gets_the_kv_cache_dtype_and_block_size_it_was_given(monkeypa
         monkeypatch.delenv(name, raising=False)
     made = []
     monkeypatch.setattr(vllm, "LLM", lambda **kwargs: made.append(kwargs))
+    monkeypatch.setattr(inference, "kv_bytes_per_token", lambda *args: 1024)  # no model in /m
     inference.VLLMBackend("/m", 2048, 2, block_size=64, kv_cache_dtype="fp8")
     inference.VLLMBackend("/m", 2048, 2)
     assert (made[0]["kv_cache_dtype"], made[0]["block_size"]) == ("fp8", 64)

