@@ -127,3 +127,43 @@ def test_vllm_cpu_prefills_whole_and_runs_only_what_fits_in_the_kv_cache(tmp_pat
     assert cpu_seeded_scheduling(tiny, 1024, 1)["max_num_seqs"] == 256  # vLLM's own cap
     with pytest.raises(ValueError, match="not one sequence"):
         cpu_seeded_scheduling(smol, 32768, 1)  # 23301 tokens < 32768
+
+
+def sampled_episodes(tiny_model_dir, chat, task_ids: list[str]) -> dict[tuple[str, int], list]:
+    """Each (task, sample)'s generated token ids, turn by turn, from the tiny model in vLLM at
+    temperature 1: two samples per task, as a sample stage plays them (`run_batched`)."""
+    from agents.rollout import agent_prefix
+    from flywheel.inference import shared_vllm
+
+    env = make_env("textcraft")
+    backend = shared_vllm(str(tiny_model_dir), 1024, 1, 32)
+    sampling = SamplingSettings(temperature=1.0, max_tokens=12, seed=5)
+    trajectories = run_batched(env, task_ids, backend, chat, agent_prefix(env, []),
+                               RolloutSettings(3, 1024, sampling), progress=False,
+                               samples_per_task=2)  # fmt: skip
+    samples = sample_indices([t.task_id for t in trajectories])
+    return {
+        (t.task_id, s): [m.token_ids for m in t.messages if m.role == "assistant"]
+        for t, s in zip(trajectories, samples, strict=True)
+    }
+
+
+@pytest.mark.slow
+def test_a_sample_stage_run_again_samples_the_same_episodes_token_for_token(tiny_model_dir, chat):
+    """Run twice in one engine (its own generator moved on), then with the tasks in another
+    order beside another task (other batch places and neighbours): every task's samples are
+    the same tokens. Their place in the batch seeding them would fail the second comparison;
+    the engine's shared generator would fail both."""
+    from flywheel.inference import release_vllm
+
+    tasks = ["acacia_boat", "birch_boat", "acacia_door"]
+    try:
+        first = sampled_episodes(tiny_model_dir, chat, tasks)
+        again = sampled_episodes(tiny_model_dir, chat, tasks)
+        moved = sampled_episodes(tiny_model_dir, chat, ["anvil", *tasks[::-1]])
+    finally:
+        release_vllm()
+    assert len(first) == 6 and all(len(turns) == 3 for turns in first.values())
+    assert first[("birch_boat", 0)] != first[("birch_boat", 1)]  # two samples, not one twice
+    assert again == first
+    assert {key: moved[key] for key in first} == first
