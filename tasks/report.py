@@ -135,7 +135,7 @@ def splits_text(evaluated: str, splits: dict[str, list[str]]) -> str:
     """Which split the rates are on, and each evaluation split's task ids."""
     lines = [f"Evaluated on the **{evaluated}** split ({len(splits.get(evaluated, []))} tasks)."]
     if evaluated == "test":
-        lines[0] += " Settings are chosen on the validation split, never on these tasks."
+        lines[0] += " Choose settings on the validation split, not here (docs/evaluation.md)."
     lines += [
         f"- {name} tasks ({len(ids)}): {', '.join(ids) or 'none'}" for name, ids in splits.items()
     ]

@@ -179,6 +179,12 @@ def test_results_reach_storage_mlflow_and_prefect_artifacts(runs):
     rows = json.loads(store.read_text(f"{run_url}/results.json"))
     assert [r["stage"] for r in rows] == ["untrained", "sft", "eto-round-1"]
     assert store.exists(f"{run_url}/success_rate.png")
+    # Each stage paired with the stage it started from, on the split the report names.
+    paired = json.loads(store.read_text(f"{run_url}/paired.json"))
+    assert [(r["stage"], r["started_from"], r["tasks"]) for r in paired] == [
+        ("sft", "untrained", 3), ("eto-round-1", "sft", 3),
+    ]  # fmt: skip
+    assert "Evaluated on the **test** split (3 tasks)." in store.read_text(f"{run_url}/results.md")
     for stage in ["expert", "sft", "round-1/pairs", "round-1/dpo", "evaluate/sft"]:
         assert store.manifest(f"{run_url}/{stage}") is not None, stage
 
@@ -196,7 +202,7 @@ def test_results_reach_storage_mlflow_and_prefect_artifacts(runs):
     assert "train/loss" in sft_run.data.metrics or "loss" in sft_run.data.metrics  # trl's own
     last_parent = max(parents, key=lambda r: r.info.start_time)
     artifacts = {a.path for a in client.list_artifacts(last_parent.info.run_id)}
-    assert {"results.md", "success_rate.png", "results.json"} <= artifacts
+    assert {"results.md", "success_rate.png", "results.json", "paired.json"} <= artifacts
 
     with get_client(sync_client=True) as prefect:
         from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey

@@ -110,4 +110,4 @@ def test_the_report_names_its_split_and_lists_the_held_out_tasks():
         "- validation tasks (2): a, b",
         "- test tasks (1): c",
     ]
-    assert "chosen on the validation split" in splits_text("test", {"test": ["c"]})
+    assert "Choose settings on the validation split" in splits_text("test", {"test": ["c"]})
