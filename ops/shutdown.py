@@ -16,7 +16,7 @@ import os
 import shutil
 import signal
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 
 def stop_children() -> None:
@@ -52,6 +52,7 @@ def flow_process():
     from flywheel.watchdog import watchdog
 
     previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    become_subreaper()
     # Short: vLLM puts its ZeroMQ sockets here, and a socket's path may not exceed 107 bytes.
     temp_root = tempfile.mkdtemp(prefix="fw-")
     previous_tempdir, previous_env = tempfile.tempdir, os.environ.get("TMPDIR")
@@ -68,7 +69,52 @@ def flow_process():
         else:
             os.environ["TMPDIR"] = previous_env
         shutil.rmtree(temp_root, ignore_errors=True)
+        stop_orphaned_engine_processes()
         stop_resource_tracker()
+
+
+def become_subreaper() -> None:
+    """Linux: processes orphaned below this one become its children rather than init's, so the
+    flow can still stop them. vLLM's engine starts its worker; an engine killed (SIGKILL, the OOM
+    killer) while the worker starts leaves that worker orphaned, and a failed run left it for the
+    watchdog (the chaos bench's vLLM kills)."""
+    import ctypes
+    import sys
+
+    if sys.platform != "linux":
+        return
+    PR_SET_CHILD_SUBREAPER = 36
+    with suppress(OSError, AttributeError):  # without it, the watchdog stops what is left
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+ENGINE_STOP_S = 5.0  # SIGTERM, then SIGKILL after this long
+
+
+def stop_orphaned_engine_processes() -> None:
+    """On the way out, after the flow ended: stop the children of this process that are vLLM's
+    or multiprocessing's (a worker orphaned by its killed engine, adopted as a subreaper), so
+    that nothing is left for the watchdog. Prefect's server, the watchdog and the resource
+    tracker have ways out of their own."""
+    import psutil
+
+    me = psutil.Process()
+    left = []
+    for child in me.children():
+        try:
+            described = f"{child.name()} {' '.join(child.cmdline())}"
+        except psutil.Error:
+            continue
+        if "VLLM::" in described or "multiprocessing.spawn import spawn_main" in described:
+            left.append(child)
+    for child in left:
+        with suppress(psutil.Error):
+            child.terminate()
+    _, alive = psutil.wait_procs(left, timeout=ENGINE_STOP_S)
+    for child in alive:
+        with suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(alive, timeout=ENGINE_STOP_S)  # reaped: no zombie for the watchdog
 
 
 # How long a clean exit waits for multiprocessing's resource tracker to end.
