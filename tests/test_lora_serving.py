@@ -61,6 +61,8 @@ PROMPTS = [
 def published_both_ways(base_model_dir: Path, folder: Path) -> tuple[Path, Path]:
     """One adapter (rank 8 on every linear layer, B drawn at random: as if trained), published
     alone and merged into the base."""
+    from transformers import AutoTokenizer
+
     lora = LoRASettings(enabled=True, rank=8, alpha=16.0, publish="adapter")
     job = TrainingJob(str(base_model_dir), "", "", lora=lora.model_dump(mode="json"))
     model = with_lora(load_model(job), job)
@@ -71,6 +73,9 @@ def published_both_ways(base_model_dir: Path, folder: Path) -> tuple[Path, Path]
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
     save_trained(model, job, str(folder / "adapter"))
     publishable(model).save_pretrained(folder / "merged")
+    AutoTokenizer.from_pretrained(base_model_dir).save_pretrained(
+        folder / "merged"
+    )  # vLLM reads it
     return folder / "adapter", folder / "merged"
 
 
