@@ -254,6 +254,8 @@ def stage(name: str, launches: tuple[str, ...] = ()):
             if (done := store.manifest(out.url, keyed, code)) is None:
                 run = StageRun(name, out, tracker, run_id)
                 done = run_body(body, inputs, run, keyed, code)
+            else:
+                forget_failure(store, out.url)
             if run_id:
                 log_child_run(tracker, run_id, done)
             return done
@@ -292,6 +294,13 @@ def run_body(
         if run.run_id:
             run.tracker.finish(run.run_id, end_status(error))
         raise
+
+
+def forget_failure(store: ArtifactStore, url: str) -> None:
+    """A stage served from its manifest has no failure to show: a record left by an attempt that
+    failed before the cache was read (keying it, say) is history."""
+    if store.exists(failed := f"{url}/{FAILED}"):
+        store.remove(failed)
 
 
 def start_child_run(tracker: Tracker, name: str, out: StageOutput) -> str:

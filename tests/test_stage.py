@@ -78,6 +78,17 @@ def test_a_redone_stage_starts_from_an_empty_folder_but_keeps_its_checkpoints(st
     assert store.exists(f"{out.url}/inner/x.txt") and store.read_manifest(f"{out.url}/inner")
 
 
+def test_a_stage_served_from_its_manifest_drops_a_failure_record_left_after_it(store):
+    """An attempt that failed before reading the cache (while keying, as a chaos run saw) left
+    `_FAILED.json` in a published folder; serving the stage from its manifest removes it."""
+    inputs = CountInputs(text_url=store.url("data/text.txt"), repeat=1)
+    out = StageOutput(store_url=store.root, url=store.url("run/count"))
+    count_stage.fn(inputs, out)
+    store.write_text(f"{out.url}/_FAILED.json", "{}")
+    assert count_stage.fn(inputs, out).served_from_store
+    assert not store.exists(f"{out.url}/_FAILED.json")
+
+
 def test_the_checkpoint_folder_a_redo_keeps_is_the_one_trainers_write():
     from flywheel.stage import KEPT_ON_REDO
     from training.checkpoint import checkpoint_plan
