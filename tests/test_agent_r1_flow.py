@@ -121,6 +121,7 @@ def test_vllm_records_the_logprobs_of_the_distribution_it_sampled_from(tiny_mode
 
     prompt = chat.tokenizer("The sky is", add_special_tokens=False)["input_ids"]
     sampling = SamplingSettings(temperature=2.0, max_tokens=6, seed=3, logprobs=True)
+    sampling = sampling.with_request_seeds([3])  # a sampled request names its seed
     try:
         (generation,) = shared_vllm(str(tiny_model_dir), 512, 1).generate([prompt], sampling)
     finally:
