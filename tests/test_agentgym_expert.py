@@ -5,12 +5,11 @@ AgentGym's own TextCraft and SciWorld servers do) on loopback."""
 from __future__ import annotations
 
 import gzip
-import http.server
 import json
-import threading
 from pathlib import Path
 
 import pytest
+from json_server import ScriptedJSONServer
 
 from agents.eto_format import write_eto_sft
 from agents.rollout import (
@@ -150,32 +149,16 @@ def test_agentgym_environments_send_agentgyms_own_prompts():
     assert SCIWORLD_PROMPT.endswith("Thought:\nyour thoughts.\n\nAction:\nyour next action")
 
 
-class RecordedSciWorld:
+class RecordedSciWorld(ScriptedJSONServer):
     """A SciWorld server on loopback that answers `/create` and `/reset` as AgentGym's real one
     did (the recorded answer for `data_idx` 4638), and `/close` with `true`."""
 
     def __init__(self) -> None:
-        reset = json.dumps(recorded_sciworld_reset(4638)).encode()
+        self.reset = recorded_sciworld_reset(4638)
+        super().__init__()
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("content-length") or 0))
-                body = {"/create": b'{"id": 0}', "/reset": reset}.get(self.path, b"true")
-                self.send_response(200)
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def answer(self, path: str, body: dict) -> object:
+        return {"/create": {"id": 0}, "/reset": self.reset}.get(path, True)
 
 
 def test_agentgym_sciworld_plans_the_task_its_server_reports():
