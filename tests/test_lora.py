@@ -219,12 +219,8 @@ def test_sft_with_lora_publishes_a_merged_model(tmp_path, tiny_model_dir, monkey
     assert_a_trained_plain_model(tmp_path / "model", tiny_model_dir)
 
 
-@pytest.mark.slow
-def test_dpo_with_lora_references_the_base_and_publishes_a_merged_model(
-    tmp_path, tiny_model_dir, monkeypatch
-):
-    from test_dpo_entry import make_pair, write_pairs
-
+def built_dpo_trainers(monkeypatch) -> list:
+    """The DPO trainers `training.dpo` builds from now on, kept for the test to inspect."""
     import training.dpo as dpo
 
     built = []
@@ -235,6 +231,18 @@ def test_dpo_with_lora_references_the_base_and_publishes_a_merged_model(
         built.append(self)
 
     monkeypatch.setattr(dpo.TokenizedDPOTrainer, "__init__", keep)
+    return built
+
+
+@pytest.mark.slow
+def test_dpo_with_lora_references_the_base_and_publishes_a_merged_model(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    from test_dpo_entry import make_pair, write_pairs
+
+    import training.dpo as dpo
+
+    built = built_dpo_trainers(monkeypatch)
     data = write_pairs(tmp_path / "pairs.jsonl", [make_pair(3, 2), make_pair(2, 4)])
     metrics = dpo.train(lora_job(tmp_path, tiny_model_dir, data, precompute_ref_log_probs=True))
     trainer = built[0]
@@ -302,14 +310,7 @@ def test_dpo_from_a_published_adapter_trains_it_against_its_frozen_copy(
     sft.train(sft_job)
     assert lora_adapter(tmp_path / "sft" / "model").base == tiny_model_dir.resolve()
 
-    built = []
-    original = dpo.TokenizedDPOTrainer.__init__
-
-    def keep(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        built.append(self)
-
-    monkeypatch.setattr(dpo.TokenizedDPOTrainer, "__init__", keep)
+    built = built_dpo_trainers(monkeypatch)
     pairs = write_pairs(tmp_path / "pairs.jsonl", [make_pair(3, 2), make_pair(2, 4)])
     dpo_job = lora_job(tmp_path / "dpo", tmp_path / "sft" / "model", pairs)
     dpo_job.lora, dpo_job.trl_args["precompute_ref_log_probs"] = adapter, True
