@@ -23,6 +23,15 @@ the predicted numbers, and launches nothing.
 
     python bench/gpu_checklist.py                      # writes bench/results-gpu-checklist.md
     python bench/gpu_checklist.py --dry-run --out /tmp/checklist.md
+
+A GPU machine that has torch but not Flywheel's whole stack (no network, no vLLM, no Prefect:
+the lent machines of docs/gpu.md) runs what it can from data built beforehand where the stack
+is: `--prepare DIR` writes the trainers' rows, tokenizer and job files; `--from-prepared DIR` on
+the GPU machine needs only torch, transformers, trl, peft, datasets (and deepspeed for ZeRO), and
+marks the steps it cannot run with the package they need.
+
+    python bench/gpu_checklist.py --prepare .gpu-prep             # here, the whole stack
+    python bench/gpu_checklist.py --from-prepared .gpu-prep       # there, torch and the trainers
 """
 
 from __future__ import annotations
@@ -58,6 +67,8 @@ from sizing import (  # noqa: E402
 PY = sys.executable
 # SmolLM2-1.7B-Instruct's config.json: the built-in tokenizer's vocabulary fits it as is.
 MODEL_SHAPE = Shape("SmolLM2-1.7B-like", 2048, 8192, 24, 32, 32, 64, 49152)
+if os.environ.get("FLYWHEEL_CHECKLIST_TINY"):  # the same steps in seconds on a CPU, for trying them
+    MODEL_SHAPE = Shape("tiny", 64, 128, 2, 4, 4, 16, 49152)
 ROLLOUT_EPISODES, ROLLOUT_CONTEXT = 64, 1000
 TRAIN_TOKENS = {"sft": (8_032, 2_075), "dpo": (7_745, 2_164)}  # the train bench's rows, 16 / 8
 ACCELERATE = ("zero2", "zero3")
@@ -237,17 +248,24 @@ def measure_bandwidth() -> dict:
     return {"bandwidth": bandwidth, "flops": flops, "device": name, "memory": memory}
 
 
-def build_model(folder: Path) -> None:
+def build_model(folder: Path, tokenizer: Path | None = None) -> None:
+    """The checklist's model with random weights, and the built-in model's tokenizer (from
+    `tokenizer`, a folder `--prepare` wrote, where the built-in model is not at hand)."""
     import torch
     import transformers
 
-    from flywheel.model import convert_base_model
+    if tokenizer is None:
+        from flywheel.model import convert_base_model
 
-    cache = Path(os.environ.get("FLYWHEEL_CACHE", "~/.cache/flywheel")).expanduser()
-    base = convert_base_model(cache / "models" / "smollm2-135m")
+        cache = Path(os.environ.get("FLYWHEEL_CACHE", "~/.cache/flywheel")).expanduser()
+        base = convert_base_model(cache / "models" / "smollm2-135m")
+    else:
+        base = tokenizer
     config = transformers.LlamaConfig(**model_config())
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    # Initialised on the GPU where there is one: minutes on a CPU for 1.7B parameters.
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.generation_config = transformers.GenerationConfig.from_pretrained(base)
     model.save_pretrained(folder, safe_serialization=True)
     transformers.AutoTokenizer.from_pretrained(base).save_pretrained(folder)
@@ -307,20 +325,216 @@ def report(steps: list[Step], header: str, checked: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- a GPU machine without the flows' packages (--prepare here, --from-prepared there) ----------
+
+# Job name -> (trainer, LoRA, accelerate config, trl_args on top of the shipped ones): the train
+# steps of `plan`, as jobs, and GPU-sized batches beside the shipped one sequence a step.
+GPU_BATCH = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
+PACKED = {"packing": True, "packing_strategy": "bfd", **GPU_BATCH}  # padding-free, 8 rows a step
+PREPARED_JOBS = {
+    "sft": ("sft", False, None, {}), "dpo": ("dpo", False, None, {}),
+    "sft-lora": ("sft", True, None, {}), "dpo-lora": ("dpo", True, None, {}),
+    "zero2": ("sft", False, "zero2", {}), "zero3": ("sft", False, "zero3", {}),
+    "sft-packed": ("sft", False, None, PACKED), "sft-lora-packed": ("sft", True, None, PACKED),
+    "dpo-batch8": ("dpo", False, None, GPU_BATCH),
+}  # fmt: skip
+CHECKLIST_JOBS = ("sft", "dpo", "sft-lora", "dpo-lora", "zero2", "zero3")
+ROOT_MARK, PREP_MARK = "@WORK@", "@PREPARED@"  # replaced by the GPU machine's folders
+PREPARED_TIMEOUT_S = 240  # a step; lent machines come for minutes (docs/gpu.md)
+
+
+def prepare(folder: Path, jobs=CHECKLIST_JOBS, tasks: int = 16, pairs: int = 8) -> None:
+    """The rows `plan`'s train steps use (train_throughput's expert data: `tasks` trajectories,
+    `pairs` pairs), the built-in tokenizer, and one TrainingJob a step of `jobs`, its folders
+    marked for the GPU machine to fill in."""
+    import transformers
+    from train_throughput import LORA_R16, expert_data, token_counts
+
+    from flywheel.model import convert_base_model
+    from flywheel.settings import DPOSettings, SFTSettings
+    from tasks.dpo import dpo_trl_args
+    from tasks.sft import sft_trl_args
+    from training.job import TrainingJob
+
+    folder.mkdir(parents=True, exist_ok=True)
+    cache = Path(os.environ.get("FLYWHEEL_CACHE", "~/.cache/flywheel")).expanduser()
+    base = convert_base_model(cache / "models" / "smollm2-135m")
+    transformers.AutoTokenizer.from_pretrained(base).save_pretrained(folder / "tokenizer")
+    transformers.GenerationConfig.from_pretrained(base).save_pretrained(folder / "tokenizer")
+    trajectories, pair_records = expert_data(tasks, 4)
+    records = {"sft": trajectories, "dpo": pair_records[:pairs]}
+    counts = {}
+    for trainer, rows in records.items():
+        data = folder / f"{trainer}.jsonl"
+        data.write_text("".join(r.model_dump_json() + "\n" for r in rows))
+        counts[trainer] = token_counts(trainer, rows, folder / "tokenizer", 1024)
+    trl_args = {
+        "sft": sft_trl_args(SFTSettings(epochs=1, learning_rate=1e-4, max_length=1024), 0),
+        "dpo": dpo_trl_args(DPOSettings(epochs=1, max_length=1024), 0),
+    }
+    (folder / "jobs").mkdir(exist_ok=True)
+    plan_file = {}
+    for name in jobs:
+        trainer, lora, accelerate, extra = PREPARED_JOBS[name]
+        out = f"{ROOT_MARK}/{name}"
+        job = TrainingJob(
+            model_dir=f"{ROOT_MARK}/model", data_file=f"{PREP_MARK}/{trainer}.jsonl",
+            output_dir=f"{out}/model", max_length=1024, frozen_layers=0,
+            trl_args={**trl_args[trainer], **extra, "output_dir": f"{out}/trl",
+                      "report_to": "none"},
+            lora=LORA_R16 if lora else None,
+        )  # fmt: skip
+        job.save(folder / "jobs" / f"{name}.json")
+        rows, real, processed = counts[trainer]
+        plan_file[name] = {"trainer": trainer, "accelerate": accelerate, "rows": rows,
+                           "real_tokens": real, "processed_tokens": processed}  # fmt: skip
+    (folder / "plan.json").write_text(json.dumps(plan_file, indent=2) + "\n")
+    print(f"prepared {len(plan_file)} jobs in {folder}")
+
+
+def train_prepared(prepared: Path, name: str, work: Path) -> None:
+    """One prepared job, launched as a stage launches it; prints what it measured last."""
+    from training.launch import command
+
+    spec = json.loads((prepared / "plan.json").read_text())[name]
+    text = (prepared / "jobs" / f"{name}.json").read_text()
+    text = text.replace(ROOT_MARK, str(work)).replace(PREP_MARK, str(prepared.resolve()))
+    (work / name).mkdir(parents=True, exist_ok=True)
+    job_file = work / name / "job.json"
+    job_file.write_text(text)
+    metrics_file = work / name / "metrics.json"
+    cmd = command(f"training.{spec['trainer']}", job_file, 1, spec["accelerate"])
+    env = os.environ | {"FLYWHEEL_METRICS_FILE": str(metrics_file), "PYTHONUNBUFFERED": "1"}
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True)
+    metrics = json.loads(metrics_file.read_text())
+    seconds = float(metrics["train_runtime"])
+    print(json.dumps({
+        "trained_tokens_per_s": round(spec["real_tokens"] / seconds, 1), "train_s": seconds,
+        "rows": spec["rows"], "trained_tokens": spec["real_tokens"],
+        "optimizer_steps": metrics.get("optimizer_steps"), "train_loss": metrics.get("train_loss"),
+    }))  # fmt: skip
+
+
+def missing_module(*names: str) -> str:
+    """'<name> is not installed here' for the first of `names` that is not, or ''."""
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            return f"{name} is not installed on this machine"
+    return ""
+
+
+def run_prepared(
+    prepared: Path, work: Path | None, out: Path | None, only: list[str] | None = None
+) -> int:
+    """`plan`'s steps on a GPU machine with torch and the trainers but not the flows: the train
+    steps run `--prepare`'s jobs; a step whose package is missing is skipped, naming it."""
+    prepared = prepared.resolve()
+    work = (work or Path(tempfile.mkdtemp(prefix="gpu-checklist-"))).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir, gpus = work / "model", gpu_count()
+    me = [PY, str(Path(__file__).resolve()), "--internal"]
+    steps = plan(work, model_dir, gpus, H100)
+    run_step(steps[0], work)
+    hardware = measured_hardware(steps[0])
+    steps = [steps[0], *plan(work, model_dir, gpus, hardware)[1:]]
+    prepared_jobs = json.loads((prepared / "plan.json").read_text())
+    steps = [s for s in steps if s.name not in PREPARED_JOBS or s.name in prepared_jobs]
+    steps += [Step(name, [], PREPARED_TIMEOUT_S) for name in prepared_jobs if name not in
+              {s.name for s in steps}]  # fmt: skip
+    if only:
+        steps = [s for s in steps if s.name in {"bandwidth", *only}]
+    for step in steps[1:]:
+        if step.name == "build-model":
+            step.command = [*me, "build-model", str(model_dir), str(prepared / "tokenizer")]
+        elif step.name in PREPARED_JOBS:
+            step.command = [*me, "train", str(prepared), step.name, str(work)]
+            step.skip = step.skip or missing_module("trl", "peft", "datasets")
+            if PREPARED_JOBS[step.name][2]:
+                step.skip = step.skip or missing_module("deepspeed")
+        elif step.name == "rollout":
+            step.skip = missing_module("vllm")
+        else:  # the flows
+            step.skip = missing_module("prefect", "vllm", "mlflow")
+        step.timeout_s = min(step.timeout_s, PREPARED_TIMEOUT_S)
+        run_step(step, work)
+        print(f"{step.name}: {step.status} ({step.seconds:.0f} s)", flush=True)
+        # After every step: a lease that ends mid-checklist still returns the steps done.
+        header = (f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {gpus} x {hardware.name}, from "
+                  f"`--from-prepared` (the trainers' jobs built by `--prepare` on another "
+                  "machine); predictions at the bounds measured in step 1 (bench/sizing.py).")  # fmt: skip
+        out = out or ROOT / "bench" / "results-gpu-checklist.md"
+        out.write_text(report(steps, header, []))
+    print(f"wrote {out}")
+    return 0
+
+
+def measured_hardware(bandwidth: Step) -> Hardware:
+    """The bounds the bandwidth step measured (the H100 sheet's where it failed); rewrites its
+    measured line for the report."""
+    try:
+        measured = json.loads(bandwidth.measured)
+    except ValueError:
+        return H100
+    bandwidth.measured = (f"{measured['device']}: {measured['bandwidth'] / 1e12:.2f} TB/s copy, "
+                          f"{measured['flops'] / 1e12:.0f} TFLOP/s bf16 matmul")  # fmt: skip
+    return Hardware(measured["device"], measured["flops"], measured["bandwidth"],
+                    measured["memory"])  # fmt: skip
+
+
+def internal(argv: list[str]) -> int:
+    """The steps run as processes of their own."""
+    if argv[0] == "bandwidth":
+        print(json.dumps(measure_bandwidth()))
+    elif argv[0] == "build-model":
+        build_model(Path(argv[1]), Path(argv[2]) if len(argv) > 2 else None)
+    else:
+        train_prepared(Path(argv[1]), argv[2], Path(argv[3]))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="build and check, launch nothing")
     parser.add_argument("--out", type=Path, help="results file (default: bench/results-gpu-"
                         "checklist.md; a dry run prints only, unless given)")  # fmt: skip
     parser.add_argument("--work", type=Path, help="folder for the model, runs and logs")
+    parser.add_argument(
+        "--prepare",
+        type=Path,
+        metavar="DIR",
+        help="write the trainers' data and jobs for --from-prepared, and stop",
+    )
+    parser.add_argument(
+        "--from-prepared",
+        type=Path,
+        metavar="DIR",
+        help="run on a GPU machine without the flows' packages (see above)",
+    )
+    parser.add_argument(
+        "--jobs",
+        nargs="+",
+        choices=list(PREPARED_JOBS),
+        metavar="JOB",
+        help=f"with --prepare: which trainer jobs, of {', '.join(PREPARED_JOBS)} "
+        f"(default: the checklist's, {' '.join(CHECKLIST_JOBS)})",
+    )
+    parser.add_argument("--tasks", type=int, default=16, help="with --prepare: SFT rows")
+    parser.add_argument("--pairs", type=int, default=8, help="with --prepare: DPO rows")
+    parser.add_argument(
+        "--steps",
+        nargs="+",
+        metavar="STEP",
+        help="with --from-prepared: run only these steps (and bandwidth)",
+    )
     parser.add_argument("--internal", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.internal:
-        if args.internal[0] == "bandwidth":
-            print(json.dumps(measure_bandwidth()))
-        else:
-            build_model(Path(args.internal[1]))
+        return internal(args.internal)
+    if args.prepare:
+        prepare(args.prepare, args.jobs or CHECKLIST_JOBS, args.tasks, args.pairs)
         return 0
+    if args.from_prepared:
+        return run_prepared(args.from_prepared, args.work, args.out, args.steps)
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu-checklist-"))
     work.mkdir(parents=True, exist_ok=True)
     model_dir = work / "model"
@@ -342,15 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("no CUDA GPU visible: run with --dry-run, or on a GPU machine")
     first = plan(work, model_dir, gpus, H100)
     run_step(first[0], work)
-    hardware = H100
-    try:
-        measured = json.loads(first[0].measured)
-        hardware = Hardware(measured["device"], measured["flops"], measured["bandwidth"],
-                            measured["memory"])  # fmt: skip
-        first[0].measured = (f"{measured['device']}: {measured['bandwidth'] / 1e12:.2f} TB/s copy, "
-                             f"{measured['flops'] / 1e12:.0f} TFLOP/s bf16 matmul")  # fmt: skip
-    except (ValueError, KeyError):
-        pass
+    hardware = measured_hardware(first[0])
     steps = [first[0], *plan(work, model_dir, gpus, hardware)[1:]]  # predictions at measured bounds
     for step in steps[1:]:
         run_step(step, work)

@@ -410,9 +410,9 @@ class SFTSettings(TrainerSettings):
 
     epochs: float = Field(default=3.0, gt=0)  # passes over the data
     learning_rate: float = Field(default=1e-4, gt=0)  # peak learning rate
-    # Sequences per optimizer step, run one at a time (gradient accumulation): on a CPU, padding
-    # a batch to its longest member costs more than batching saves. Set
-    # trl_args.per_device_train_batch_size on a GPU.
+    # Sequences per optimizer step, run one at a time (gradient accumulation) on a CPU, where
+    # padding a batch to its longest member costs more than batching saves; as one batch on a
+    # GPU (training/job.py `batched_on_gpu`; trl_args.per_device_train_batch_size overrides).
     batch_size: int = Field(default=4, ge=1)
     # Tokens per sequence; longer ones are cut or left out.
     max_length: int = Field(default=2048, ge=64)

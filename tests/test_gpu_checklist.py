@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import gpu_checklist  # noqa: E402
@@ -51,3 +53,65 @@ def test_a_failing_step_does_not_stop_the_next(tmp_path):
     assert failing.status.startswith("failed (exit 3")
     assert slow.status.startswith("timed out after 1 s")
     assert (fine.status, fine.measured) == ("ok", "done 42")
+
+
+def test_a_machine_without_the_flows_runs_the_prepared_jobs_and_names_what_is_missing(
+    tmp_path, monkeypatch
+):
+    """--from-prepared (a lent GPU machine: torch and the trainers, no vLLM or Prefect): every
+    prepared job becomes a train step, and a step whose package is missing is skipped naming it."""
+    prepared = tmp_path / "prepared"
+    (prepared / "jobs").mkdir(parents=True)
+    jobs = {"sft": {"trainer": "sft", "accelerate": None}, "sft-packed": {"trainer": "sft",
+            "accelerate": None}, "zero3": {"trainer": "sft", "accelerate": "zero3"}}  # fmt: skip
+    (prepared / "plan.json").write_text(json.dumps(jobs))
+    missing = {"vllm", "prefect", "deepspeed"}
+    monkeypatch.setattr(gpu_checklist.importlib.util, "find_spec",
+                        lambda name: None if name in missing else object())  # fmt: skip
+    monkeypatch.setattr(gpu_checklist, "gpu_count", lambda: 1)
+    ran = []
+
+    def run_step(step, work):
+        ran.append(step)
+        step.status = f"skipped: {step.skip}" if step.skip else "ok"
+
+    monkeypatch.setattr(gpu_checklist, "run_step", run_step)
+    out = tmp_path / "report.md"
+    gpu_checklist.run_prepared(prepared, tmp_path / "work", out)
+    status = {s.name: s.status for s in ran}
+    assert list(status) == ["bandwidth", "build-model", "rollout", "sft", "zero3", "rl",
+                            "eto-round", "sft-packed"]  # fmt: skip
+    assert status["rollout"] == "skipped: vllm is not installed on this machine"
+    assert (
+        status["rl"] == status["eto-round"] == "skipped: prefect is not installed on this machine"
+    )
+    assert status["zero3"] == "skipped: deepspeed is not installed on this machine"
+    assert status["sft"] == status["sft-packed"] == "ok"
+    sft = next(s for s in ran if s.name == "sft")
+    assert sft.command[-4:] == ["train", str(prepared), "sft", str(tmp_path / "work")]
+    assert "| sft-packed | ok |" in out.read_text()
+
+
+@pytest.mark.slow  # 77 s on 2 cores: the expert data, the built-in tokenizer, a trainer
+def test_a_prepared_job_trains_and_reports_its_tokens_per_second(tmp_path):
+    """--prepare here, then one prepared job run as the GPU machine runs it (a 2-layer model of
+    the same vocabulary, on this CPU): the job's folders are filled in and its rate printed."""
+    import os
+
+    env = os.environ | {"FLYWHEEL_CHECKLIST_TINY": "1"}
+    script = [sys.executable, str(Path(gpu_checklist.__file__))]
+    prepared, work = tmp_path / "prepared", tmp_path / "work"
+    subprocess.run([*script, "--prepare", str(prepared), "--tasks", "2", "--pairs", "1",
+                    "--jobs", "sft"], env=env, check=True)  # fmt: skip
+    assert "@WORK@/model" in (prepared / "jobs" / "sft.json").read_text()
+    subprocess.run([*script, "--internal", "build-model", str(work / "model"),
+                    str(prepared / "tokenizer")], env=env, check=True)  # fmt: skip
+    done = subprocess.run([*script, "--internal", "train", str(prepared), "sft", str(work)],
+                          env=env, check=True, capture_output=True, text=True)  # fmt: skip
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    planned = json.loads((prepared / "plan.json").read_text())["sft"]
+    assert measured["rows"] == planned["rows"] == 2
+    assert measured["trained_tokens_per_s"] == round(
+        planned["real_tokens"] / measured["train_s"], 1
+    )
+    assert (work / "sft" / "model" / "config.json").exists()
