@@ -355,6 +355,15 @@ class LoRASettings(Strict):
     publish: Literal["merged", "adapter"] = "merged"
 
 
+# trl arguments that the stages set from a setting (tasks/sft.py, tasks/dpo.py): trl name ->
+# setting. `seed` is the run's.
+SETTINGS_TRL_ARGS = {
+    "learning_rate": "learning_rate", "num_train_epochs": "epochs", "beta": "beta",
+    "gradient_accumulation_steps": "batch_size", "max_length": "max_length",
+    "seed": "seed",  # the run's own (`seed=`), not a trainer setting
+}  # fmt: skip
+
+
 class TrainerSettings(Strict):
     """What SFT, DPO and RL share: `batch_size` sequences per optimizer step, split evenly over
     `num_processes` training processes."""
@@ -381,6 +390,21 @@ class TrainerSettings(Strict):
                 "lora.enabled with accelerate_config=zero3 is not supported: merging the adapters "
                 "needs the whole weights on one process; use ddp or zero2"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _trl_args_do_not_repeat_settings(self):
+        """A trl argument that a setting of its own already sets would silently win over it (the
+        stages pass trl_args last): refused, naming the setting to use instead."""
+        for trl_name, setting in SETTINGS_TRL_ARGS.items():
+            if trl_name not in getattr(self, "trl_args", {}):
+                continue
+            if setting == "seed" or setting in type(self).model_fields:
+                instead = "the run's seed" if setting == "seed" else setting
+                raise ValueError(
+                    f"trl_args.{trl_name} repeats the setting {setting}: set {instead} instead "
+                    "(trl_args carries only trl arguments without a setting of their own)"
+                )
         return self
 
     @field_validator("accelerate_config")

@@ -186,3 +186,26 @@ def test_a_bad_schedule_entry_is_refused_naming_its_round():
         load_config(ETOConfig, None, ["dpo.schedule=[{beta: 0.1}, {beta: -1}]"])
     with pytest.raises(ConfigError, match=r"schedule entry 0 \(round 1\): betta"):
         load_config(ETOConfig, None, ["dpo.schedule=[{betta: 0.1}]"])
+
+
+@pytest.mark.parametrize(
+    ("section", "trl_args", "setting"),
+    [("dpo", {"beta": 0.3}, "beta"), ("dpo", {"learning_rate": 1e-5}, "learning_rate"),
+     ("sft", {"num_train_epochs": 1}, "epochs"), ("sft", {"seed": 4}, "the run's seed"),
+     ("sft", {"gradient_accumulation_steps": 8}, "batch_size")],
+)  # fmt: skip
+def test_a_setting_set_again_through_trl_args_is_refused_naming_it(section, trl_args, setting):
+    """trl_args are passed last, so a repeated setting would silently win over the setting."""
+    from flywheel.settings import ConfigError, ETOConfig, validate_config
+
+    with pytest.raises(ConfigError, match=f"{section}: .*trl_args.* set {setting} instead"):
+        validate_config(ETOConfig, {section: {"trl_args": trl_args}})
+
+
+def test_a_schedule_entry_cannot_repeat_a_setting_through_trl_args_either():
+    from flywheel.settings import ConfigError, ETOConfig, validate_config
+
+    entry = {"trl_args": {"beta": 0.5}}
+    with pytest.raises(ConfigError, match="schedule entry 0 .*set beta instead"):
+        validate_config(ETOConfig, {"dpo": {"schedule": [entry]}})
+    validate_config(ETOConfig, {"dpo": {"trl_args": {"loss_type": "ipo"}}})  # a trl-only argument
