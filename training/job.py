@@ -107,10 +107,24 @@ def checkpointing(job: TrainingJob) -> dict:
     return {"save_strategy": "steps", "save_steps": plan.every_steps, "save_total_limit": 1}
 
 
+def gpu_has_bf16() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+def weights_dtype(job: TrainingJob, gpu_bf16: bool) -> str:
+    """float32 weights for what trains (the optimizer's master copy under bf16 autocast); under
+    LoRA on a bf16 GPU the frozen base in bf16: half its memory (6.8 GB of the 13-14 GB a 1.7B
+    LoRA step took on an H200 was the fp32 base, bench/results-gpu-checklist.md); peft keeps
+    the adapters themselves in float32."""
+    return "bfloat16" if gpu_bf16 and lora_config(job) is not None else "float32"
+
+
 def load_model(job: TrainingJob):
-    """The model to train, float32, with `job.frozen_layers` bottom layers frozen. From a LoRA
-    adapter folder (a stage that published `lora.publish=adapter`): its base with the adapter,
-    which goes on training under LoRA and is merged into the base otherwise."""
+    """The model to train (in `weights_dtype`), with `job.frozen_layers` bottom layers frozen.
+    From a LoRA adapter folder (a stage that published `lora.publish=adapter`): its base with the
+    adapter, which goes on training under LoRA and is merged into the base otherwise."""
     from transformers import AutoModelForCausalLM
 
     from flywheel.model import lora_adapter
@@ -119,7 +133,7 @@ def load_model(job: TrainingJob):
         score_loss_positions_only()
     adapter = lora_adapter(job.model_dir)
     model = AutoModelForCausalLM.from_pretrained(
-        adapter.base if adapter else job.model_dir, dtype="float32"
+        adapter.base if adapter else job.model_dir, dtype=weights_dtype(job, gpu_has_bf16())
     )
     if adapter:
         model = with_adapter(model, adapter, job)

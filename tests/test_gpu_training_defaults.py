@@ -1,0 +1,35 @@
+"""What the trainers do differently on a GPU (training/job.py): a step's accumulated sequences
+run as one batch (`batched_on_gpu`), and a LoRA step loads its frozen base in bf16."""
+
+from __future__ import annotations
+
+from training.job import batched_on_gpu
+
+
+def test_a_gpu_runs_the_accumulated_sequences_as_one_batch():
+    args = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "seed": 0}
+    assert batched_on_gpu(args, gpu=True, set_by_user=False) == {
+        "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "seed": 0,
+    }  # fmt: skip
+
+
+def test_a_cpu_keeps_one_sequence_at_a_time():
+    args = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4}
+    assert batched_on_gpu(args, gpu=False, set_by_user=False) == args
+
+
+def test_a_batch_the_user_set_is_kept():
+    args = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4}
+    assert batched_on_gpu(args, gpu=True, set_by_user=True) == args
+
+
+def test_lora_on_a_bf16_gpu_loads_the_frozen_base_in_bf16_and_full_training_in_fp32():
+    from training.job import TrainingJob, weights_dtype
+
+    lora = {"enabled": True, "rank": 8, "alpha": 16.0, "dropout": 0.0,
+            "target_modules": "all-linear", "publish": "merged"}  # fmt: skip
+    with_lora = TrainingJob(model_dir="m", data_file="d", output_dir="o", lora=lora)
+    full = TrainingJob(model_dir="m", data_file="d", output_dir="o")
+    assert weights_dtype(with_lora, gpu_bf16=True) == "bfloat16"
+    assert weights_dtype(with_lora, gpu_bf16=False) == "float32"  # a CPU trains in float32
+    assert weights_dtype(full, gpu_bf16=True) == "float32"  # the optimizer's master weights
