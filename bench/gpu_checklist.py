@@ -25,8 +25,8 @@ the predicted numbers, and launches nothing.
     python bench/gpu_checklist.py --dry-run --out /tmp/checklist.md
 
 A GPU machine that has torch but not Flywheel's whole stack (no network, no vLLM, no Prefect:
-the lent machines of docs/gpu.md) runs what it can from data built beforehand where the stack
-is: `--prepare DIR` writes the trainers' rows, tokenizer and job files; `--from-prepared DIR` on
+the machine of bench/results-gpu-checklist.md) runs what it can from data built beforehand where
+the stack is: `--prepare DIR` writes the trainers' rows, tokenizer and job files; `--from-prepared DIR` on
 the GPU machine needs only torch, transformers, trl, peft, datasets (and deepspeed for ZeRO), and
 marks the steps it cannot run with the package they need.
 
@@ -340,7 +340,7 @@ PREPARED_JOBS = {
 }  # fmt: skip
 CHECKLIST_JOBS = ("sft", "dpo", "sft-lora", "dpo-lora", "zero2", "zero3")
 ROOT_MARK, PREP_MARK = "@WORK@", "@PREPARED@"  # replaced by the GPU machine's folders
-PREPARED_TIMEOUT_S = 240  # a step; lent machines come for minutes (docs/gpu.md)
+PREPARED_TIMEOUT_S = 240  # a step: a lent machine comes for minutes
 
 
 def prepare(folder: Path, jobs=CHECKLIST_JOBS, tasks: int = 16, pairs: int = 8) -> None:
