@@ -3,6 +3,7 @@ episode: how many greedy episodes are identical (every reply the same), and whic
 gained or lost.
 
     python bench/stage_diff.py runs/eto-textcraft sft eto-round-1
+    python bench/stage_diff.py runs/eto-textcraft sft eto-round-1 --split validation
 
 A round whose success rate equals its start's can be a policy that did not move (every episode
 identical: the update was too small) or one that moved without net effect (episodes differ,
@@ -49,8 +50,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run", type=Path, help="a run's folder (storage_url/run_name)")
     parser.add_argument("before", help="evaluated stage, e.g. sft")
     parser.add_argument("after", help="evaluated stage, e.g. eto-round-1")
+    parser.add_argument("--split", choices=["test", "validation"], default="test",
+                        help="which evaluations: validation while choosing settings")  # fmt: skip
     args = parser.parse_args(argv)
-    folder = args.run / "evaluate"
+    folder = args.run / ("evaluate" if args.split == "test" else f"evaluate-{args.split}")
     for stage in (args.before, args.after):
         if not (folder / stage / "trajectories.jsonl").exists():
             known = sorted(p.name for p in folder.iterdir()) if folder.exists() else []

@@ -12,8 +12,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import stage_diff  # noqa: E402
 
 
-def write_stage(run: Path, stage: str, episodes: dict[str, tuple[list[str], bool]]) -> None:
-    folder = run / "evaluate" / stage
+def write_stage(
+    run: Path, stage: str, episodes: dict[str, tuple[list[str], bool]], split: str = "evaluate"
+) -> None:
+    folder = run / split / stage
     folder.mkdir(parents=True)
     lines = []
     for task, (replies, solved) in episodes.items():
@@ -33,6 +35,17 @@ def test_counts_identical_episodes_and_the_tasks_gained_and_lost(tmp_path, capsy
     stage_diff.main([str(tmp_path), "sft", "round-1"])
     assert capsys.readouterr().out.strip() == (
         "sft -> round-1: 1/3 episodes identical; gained 1 ['c'], lost 1 ['a']"
+    )
+
+
+def test_the_validation_split_reads_its_own_evaluations(tmp_path, capsys):
+    write_stage(tmp_path, "sft", {"a": (["x"], True)})
+    write_stage(tmp_path, "round-1", {"a": (["x"], True)})
+    write_stage(tmp_path, "sft", {"v": (["x"], False)}, split="evaluate-validation")
+    write_stage(tmp_path, "round-1", {"v": (["y"], True)}, split="evaluate-validation")
+    stage_diff.main([str(tmp_path), "sft", "round-1", "--split", "validation"])
+    assert capsys.readouterr().out.strip() == (
+        "sft -> round-1: 0/1 episodes identical; gained 1 ['v'], lost 0 []"
     )
 
 
