@@ -425,8 +425,9 @@ def few_shot_examples(env: Environment, count: int, max_steps: int = 4) -> list[
     return examples
 
 
-def open_backend(inference, model_dir: str, tokenizer) -> InferenceBackend:
-    """The backend `inference` (an `InferenceSettings`) names, for the model in `model_dir`."""
+def open_backend(inference, model_dir: str, tokenizer, sampling: bool = True) -> InferenceBackend:
+    """The backend `inference` (an `InferenceSettings`) names, for the model in `model_dir`;
+    `sampling=False` for a stage that decodes greedily only (`shared_vllm`)."""
     if inference.backend == "openai":
         return OpenAIBackend(inference.base_url, model_dir, tokenizer=tokenizer)
     return shared_vllm(
@@ -435,6 +436,7 @@ def open_backend(inference, model_dir: str, tokenizer) -> InferenceBackend:
         inference.kv_cache_gib,
         inference.block_size,
         inference.kv_cache_dtype,
+        sampling,
     )
 
 
@@ -462,7 +464,7 @@ def rollout_to_store(
     settings = RolloutSettings(max_steps, inference.max_model_len, sampling)
     env = make_env(env_settings)
     env.check()
-    backend = open_backend(inference, model_dir, chat.tokenizer)
+    backend = open_backend(inference, model_dir, chat.tokenizer, sampling.temperature > 0)
     started = time.perf_counter()
     trajectories = run_batched(
         env, task_ids, backend, chat, prefix, settings, samples_per_task=samples_per_task

