@@ -321,6 +321,25 @@ class VLLMBackend:
         if shutdown:
             shutdown()
         del self.llm
+        reap_engine_processes()
+
+
+def reap_engine_processes() -> list[int]:
+    """Collect the exit status of this process's vLLM engine children that have ended (vLLM's
+    shutdown kills its engine core but does not wait for it, which left one zombie per engine
+    until the flow exited). Only processes named by vLLM (`VLLM::...`): reaping another child
+    would take its exit status from the code that waits for it (a trainer's `Popen.wait`)."""
+    import psutil
+
+    reaped = []
+    for child in psutil.Process().children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE and child.name().startswith("VLLM"):
+                os.waitpid(child.pid, os.WNOHANG)
+                reaped.append(child.pid)
+        except (psutil.Error, ChildProcessError):
+            continue
+    return reaped
 
 
 def adapter_request(adapter: LoRAAdapter | None):

@@ -1,0 +1,37 @@
+"""A closed vLLM engine leaves no zombie: `reap_engine_processes` collects the ended children that
+vLLM named (`VLLM::EngineCore`), and no other child's exit status."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+
+from flywheel.inference import reap_engine_processes
+
+# A child that names itself as vLLM names its engine core (prctl PR_SET_NAME), then exits.
+NAMED_CHILD = """
+import ctypes
+ctypes.CDLL(None).prctl(15, b"VLLM::EngineCor", 0, 0, 0)
+"""
+
+
+def ended(process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 30
+    while psutil.Process(process.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the child did not end"
+        time.sleep(0.05)
+
+
+def test_an_ended_engine_process_is_reaped_and_another_child_keeps_its_status():
+    engine = subprocess.Popen([sys.executable, "-c", NAMED_CHILD])
+    trainer = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    ended(engine)
+    ended(trainer)
+    assert reap_engine_processes() == [engine.pid]
+    assert not psutil.pid_exists(engine.pid) or (
+        psutil.Process(engine.pid).status() != psutil.STATUS_ZOMBIE
+    )
+    assert trainer.wait() == 3  # its own waiter still reads its exit status
