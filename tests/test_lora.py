@@ -132,6 +132,29 @@ def test_only_the_adapters_train_and_the_merged_model_is_a_plain_one(tiny_model_
     assert changed and all("proj" in k for k in changed)
 
 
+def test_top_layers_puts_adapters_on_the_top_layers_only(tiny_model_dir):
+    """lora.top_layers: the backward stops below the adapted layers, as frozen_layers does."""
+    top = LORA.model_copy(update={"top_layers": 1}).model_dump(mode="json")
+    job = TrainingJob(str(tiny_model_dir), "", "", lora=top)
+    model = with_lora(load_model(job), job)
+    layers = model.config.num_hidden_layers
+    adapted = {n.split(".layers.")[1].split(".")[0] for n, p in model.named_parameters()
+               if p.requires_grad}  # fmt: skip
+    assert adapted == {str(layers - 1)}
+    # all-linear's modules, on that layer alone
+    assert adapted_modules(model) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                      "up_proj", "down_proj"}  # fmt: skip
+    assert lora_config(job).layers_to_transform is None  # no model yet: placed when wrapped
+    too_many = TrainingJob("m", "d", "o", lora={**top, "top_layers": layers + 1})
+    with pytest.raises(ValueError, match=f"top_layers={layers + 1} but the model has {layers}"):
+        lora_config(too_many, load_model(TrainingJob(str(tiny_model_dir), "", "")))
+
+
+def adapted_modules(model) -> set[str]:
+    return {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters()
+            if ".lora_A." in n}  # fmt: skip
+
+
 def trained_as_if(model):
     """`model`'s adapters as if trained (B starts at zero: the adapters would change nothing)."""
     with torch.no_grad():

@@ -161,23 +161,47 @@ def with_adapter(model, adapter, job: TrainingJob):
     return model if trains else model.merge_and_unload()
 
 
-def lora_config(job: TrainingJob):
+def lora_config(job: TrainingJob, model=None):
     """peft's LoraConfig for the job's `lora` settings, or None to train the weights themselves.
     Handed to trl's trainers as `peft_config` (DPO's reference is then the base model with the
-    adapters disabled, no second copy); `training.rl` wraps the model itself (`with_lora`)."""
+    adapters disabled, no second copy); `training.rl` wraps the model itself (`with_lora`).
+    `model`, the model to wrap, places `lora.top_layers`' adapters."""
     if not (job.lora and job.lora.get("enabled")):
         return None
     from peft import LoraConfig
 
     if job.frozen_layers:
         raise ValueError(f"lora with frozen_layers={job.frozen_layers}: LoRA replaces it")
+    targets, layers = job.lora["target_modules"], None
+    if job.lora.get("top_layers") and model is not None:
+        layers = top_layer_indices(job.lora["top_layers"], model.config.num_hidden_layers)
+        if targets == "all-linear":  # peft places layers only for modules named in a list
+            targets = layer_linear_names(model)
     return LoraConfig(
         r=job.lora["rank"],
         lora_alpha=job.lora["alpha"],
         lora_dropout=job.lora["dropout"],
-        target_modules=job.lora["target_modules"],
+        target_modules=targets,
+        layers_to_transform=layers,
         task_type="CAUSAL_LM",
     )
+
+
+def top_layer_indices(top: int, num_layers: int) -> list[int]:
+    if top > num_layers:
+        raise ValueError(f"lora.top_layers={top} but the model has {num_layers} layers")
+    return list(range(num_layers - top, num_layers))
+
+
+def layer_linear_names(model) -> list[str]:
+    """The names of the linear modules inside the transformer layers (q_proj, ..., down_proj in
+    a Llama): what peft's "all-linear" covers, the output layer left out."""
+    from torch import nn
+
+    return sorted({
+        name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and ".layers." in name
+    })  # fmt: skip
 
 
 def new_adapters(model, job: TrainingJob):
@@ -185,7 +209,9 @@ def new_adapters(model, job: TrainingJob):
     for a model that carries the adapter it goes on training (`with_adapter`)."""
     from peft import PeftModel
 
-    return None if isinstance(model, PeftModel) else lora_config(job)
+    if isinstance(model, PeftModel):
+        return None
+    return lora_config(job, model)
 
 
 def with_lora(model, job: TrainingJob):
