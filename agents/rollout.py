@@ -2,8 +2,8 @@
 
 Every live episode's prompt goes into the same `generate` call (vLLM batches them and reuses each
 episode's cached prefix); an episode ends when the environment says done, at `max_steps`, or when
-its context is full. `run_sequential` is the one-request-at-a-time way ETO's and Agent-R's clients
-work, kept for the benchmark.
+its context is full. (The one-request-at-a-time way ETO's and Agent-R's clients work is
+bench/rollout_throughput.py's `run_sequential`.)
 """
 
 from __future__ import annotations
@@ -286,14 +286,6 @@ def turn_sampling(sampling: SamplingSettings, live: list[_Live]) -> SamplingSett
     others end, so an episode's replies do not depend on which others run beside it."""
     seeds = [request_seed(sampling.seed, s.task_id, s.sample, s.steps) for s in live]
     return sampling.with_request_seeds(seeds)
-
-
-def run_sequential(env, task_ids, backend, chat, prefix, settings) -> list[Trajectory]:
-    """One request per step per episode, episode after episode (the upstream clients' way)."""
-    out = []
-    for task_id in tqdm(task_ids, desc=f"{env.name} episodes (sequential)", unit="ep"):
-        out += run_batched(env, [task_id], backend, chat, prefix, settings, progress=False)
-    return out
 
 
 def _reply(chat, turns: Turns, state: _Live, generation: Generation) -> Reply:

@@ -4,7 +4,7 @@ Both ways use one vLLM engine, the same model, greedy decoding and the same test
 the scheduling differs:
 
 - sequential: one request per step per episode, episode after episode (how ETO's and Agent-R's
-  clients work) -- `agents.rollout.run_sequential`;
+  clients work) -- `run_sequential` below;
 - batched: every live episode's next prompt in one `generate` call per step --
   `agents.rollout.run_batched`.
 
@@ -324,6 +324,18 @@ class WayResult:
         return out
 
 
+def run_sequential(env, task_ids, backend, chat, prefix, settings):
+    """One request per step per episode, episode after episode (the upstream clients' way)."""
+    from tqdm import tqdm
+
+    from agents.rollout import run_batched
+
+    out = []
+    for task_id in tqdm(task_ids, desc=f"{env.name} episodes (sequential)", unit="ep"):
+        out += run_batched(env, [task_id], backend, chat, prefix, settings, progress=False)
+    return out
+
+
 def explore(way, run, backend, log, shape, *run_args) -> WayResult:
     if not backend.llm.reset_prefix_cache():
         print(f"warning: vLLM did not reset its prefix cache before {way}", file=sys.stderr)
@@ -558,7 +570,6 @@ def main(argv: list[str] | None = None) -> int:
         agent_prefix,
         few_shot_examples,
         run_batched,
-        run_sequential,
         select_tasks,
     )
     from envs import make_env
