@@ -198,10 +198,16 @@ def layer_linear_names(model) -> list[str]:
     a Llama): what peft's "all-linear" covers, the output layer left out."""
     from torch import nn
 
-    return sorted({
+    names = sorted({
         name.rsplit(".", 1)[-1] for name, module in model.named_modules()
         if isinstance(module, nn.Linear) and ".layers." in name
     })  # fmt: skip
+    if not names:
+        raise ValueError(
+            "lora.top_layers: no linear modules under `.layers.` in this model; name them in "
+            "lora.target_modules (e.g. [c_attn, c_proj])"
+        )
+    return names
 
 
 def new_adapters(model, job: TrainingJob):
