@@ -123,7 +123,9 @@ def run_name(recipe: str, seed: int) -> str:
 def evaluate_folder(split: str) -> str:
     """Where a run keeps its evaluations on `split` (ops/driver.py): both splits' evaluations
     live in one run, whose training stages serve either."""
-    return "evaluate" if split == "test" else f"evaluate-{split}"
+    from flywheel.settings import EvaluateSettings
+
+    return EvaluateSettings(split=split).folder
 
 
 def split_overrides(split: str) -> list[str]:

@@ -26,9 +26,9 @@ the predicted numbers, and launches nothing.
 
 A GPU machine that has torch but not Flywheel's whole stack (no network, no vLLM, no Prefect:
 the machine of bench/results-gpu-checklist.md) runs what it can from data built beforehand where
-the stack is: `--prepare DIR` writes the trainers' rows, tokenizer and job files; `--from-prepared DIR` on
-the GPU machine needs only torch, transformers, trl, peft, datasets (and deepspeed for ZeRO), and
-marks the steps it cannot run with the package they need.
+the stack is: `--prepare DIR` writes the trainers' rows, tokenizer and job files;
+`--from-prepared DIR` on the GPU machine needs only torch, transformers, trl, peft, datasets (and
+deepspeed for ZeRO), and marks the steps it cannot run with the package they need.
 
     python bench/gpu_checklist.py --prepare .gpu-prep             # here, the whole stack
     python bench/gpu_checklist.py --from-prepared .gpu-prep       # there, torch and the trainers
@@ -248,19 +248,22 @@ def measure_bandwidth() -> dict:
     return {"bandwidth": bandwidth, "flops": flops, "device": name, "memory": memory}
 
 
+def builtin_model() -> Path:
+    """The built-in model's folder (converted once into the cache): its tokenizer and generation
+    config go with the checklist's model."""
+    from flywheel.model import convert_base_model
+    from flywheel.storage import cache_root
+
+    return convert_base_model(cache_root() / "models" / "smollm2-135m")
+
+
 def build_model(folder: Path, tokenizer: Path | None = None) -> None:
     """The checklist's model with random weights, and the built-in model's tokenizer (from
     `tokenizer`, a folder `--prepare` wrote, where the built-in model is not at hand)."""
     import torch
     import transformers
 
-    if tokenizer is None:
-        from flywheel.model import convert_base_model
-
-        cache = Path(os.environ.get("FLYWHEEL_CACHE", "~/.cache/flywheel")).expanduser()
-        base = convert_base_model(cache / "models" / "smollm2-135m")
-    else:
-        base = tokenizer
+    base = tokenizer or builtin_model()
     config = transformers.LlamaConfig(**model_config())
     torch.manual_seed(0)
     # Initialised on the GPU where there is one: minutes on a CPU for 1.7B parameters.
@@ -350,15 +353,13 @@ def prepare(folder: Path, jobs=CHECKLIST_JOBS, tasks: int = 16, pairs: int = 8) 
     import transformers
     from train_throughput import LORA_R16, expert_data, token_counts
 
-    from flywheel.model import convert_base_model
     from flywheel.settings import DPOSettings, SFTSettings
     from tasks.dpo import dpo_trl_args
     from tasks.sft import sft_trl_args
     from training.job import TrainingJob
 
     folder.mkdir(parents=True, exist_ok=True)
-    cache = Path(os.environ.get("FLYWHEEL_CACHE", "~/.cache/flywheel")).expanduser()
-    base = convert_base_model(cache / "models" / "smollm2-135m")
+    base = builtin_model()
     transformers.AutoTokenizer.from_pretrained(base).save_pretrained(folder / "tokenizer")
     transformers.GenerationConfig.from_pretrained(base).save_pretrained(folder / "tokenizer")
     trajectories, pair_records = expert_data(tasks, 4)
@@ -443,6 +444,7 @@ def run_prepared(
               {s.name for s in steps}]  # fmt: skip
     if only:
         steps = [s for s in steps if s.name in {"bandwidth", *only}]
+    out = out or ROOT / "bench" / "results-gpu-checklist.md"
     for step in steps[1:]:
         if step.name == "build-model":
             step.command = [*me, "build-model", str(model_dir), str(prepared / "tokenizer")]
@@ -462,7 +464,6 @@ def run_prepared(
         header = (f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {gpus} x {hardware.name}, from "
                   f"`--from-prepared` (the trainers' jobs built by `--prepare` on another "
                   "machine); predictions at the bounds measured in step 1 (bench/sizing.py).")  # fmt: skip
-        out = out or ROOT / "bench" / "results-gpu-checklist.md"
         out.write_text(report(steps, header, []))
     print(f"wrote {out}")
     return 0
@@ -473,12 +474,13 @@ def measured_hardware(bandwidth: Step) -> Hardware:
     measured line for the report."""
     try:
         measured = json.loads(bandwidth.measured)
-    except ValueError:
+        hardware = Hardware(measured["device"], measured["flops"], measured["bandwidth"],
+                            measured["memory"])  # fmt: skip
+    except (ValueError, KeyError):
         return H100
     bandwidth.measured = (f"{measured['device']}: {measured['bandwidth'] / 1e12:.2f} TB/s copy, "
                           f"{measured['flops'] / 1e12:.0f} TFLOP/s bf16 matmul")  # fmt: skip
-    return Hardware(measured["device"], measured["flops"], measured["bandwidth"],
-                    measured["memory"])  # fmt: skip
+    return hardware
 
 
 def internal(argv: list[str]) -> int:

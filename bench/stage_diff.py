@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flywheel.records import Trajectory  # noqa: E402
+from flywheel.settings import EvaluateSettings  # noqa: E402
 
 
 def episodes(path: Path) -> dict[str, tuple[list[str], bool]]:
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", choices=["test", "validation"], default="test",
                         help="which evaluations: validation while choosing settings")  # fmt: skip
     args = parser.parse_args(argv)
-    folder = args.run / ("evaluate" if args.split == "test" else f"evaluate-{args.split}")
+    folder = args.run / EvaluateSettings(split=args.split).folder
     for stage in (args.before, args.after):
         if not (folder / stage / "trajectories.jsonl").exists():
             known = sorted(p.name for p in folder.iterdir()) if folder.exists() else []

@@ -677,6 +677,12 @@ class EvaluateSettings(Strict):
     # settings, so that no setting is chosen by looking at the test tasks.
     split: Literal["test", "validation"] = "test"
 
+    @property
+    def folder(self) -> str:
+        """Where a run keeps its evaluations on `split`: each split in a folder of its own, so a
+        run read on validation while tuning, then on test, keeps both."""
+        return "evaluate" if self.split == "test" else f"evaluate-{self.split}"
+
 
 class RecipeConfig(Strict):
     """What every recipe run has: where it stores and tracks, its model, environment, inference."""

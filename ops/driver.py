@@ -93,10 +93,7 @@ class Recipe:
             prefix=prefix or self.prefix, inference=self.cfg.inference,
             max_steps=self.cfg.env.max_steps,
         )  # fmt: skip
-        # Each split's evaluations in a folder of their own: a run read on validation while
-        # tuning, then on test, keeps both, and its training stages serve either.
-        split = self.cfg.evaluate.split
-        folder = "evaluate" if split == "test" else f"evaluate-{split}"
+        folder = self.cfg.evaluate.folder  # a split's own: its training stages serve either
         return label, evaluate_stage(inputs, self.out(f"{folder}/{label}", label))
 
     def base_model(self) -> Manifest:
