@@ -115,3 +115,11 @@ def test_a_prepared_job_trains_and_reports_its_tokens_per_second(tmp_path):
         planned["real_tokens"] / measured["train_s"], 1
     )
     assert (work / "sft" / "model" / "config.json").exists()
+    # The step profiler on the same prepared job: every optimizer step timed, one profiled.
+    profile = tmp_path / "profile.md"
+    subprocess.run([sys.executable, str(Path(gpu_checklist.__file__).with_name(
+        "profile_train_step.py")), str(prepared), "sft", "--work", str(work), "--warmup", "0",
+        "--active", "1", "--out", str(profile)], env=env, check=True)  # fmt: skip
+    text = profile.read_text()
+    assert f"{measured['optimizer_steps']} optimizer steps" in text
+    assert "## by host time" in text and "aten::mm" in text

@@ -33,3 +33,37 @@ def test_lora_on_a_bf16_gpu_loads_the_frozen_base_in_bf16_and_full_training_in_f
     assert weights_dtype(with_lora, gpu_bf16=True) == "bfloat16"
     assert weights_dtype(with_lora, gpu_bf16=False) == "float32"  # a CPU trains in float32
     assert weights_dtype(full, gpu_bf16=True) == "float32"  # the optimizer's master weights
+
+
+def test_on_cuda_attention_leaves_cudnn_for_flash_and_a_cpu_is_left_alone(monkeypatch):
+    """cuDNN's per-shape attention plans took 44-85% of an H200's host time in a training step."""
+    import torch
+
+    from training.job import attention_without_cudnn
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        attention_without_cudnn()
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        attention_without_cudnn()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
+def test_loading_a_model_to_train_sets_the_attention_kernels_first(monkeypatch, tmp_path):
+    import pytest
+
+    import training.job
+
+    called = []
+    monkeypatch.setattr(training.job, "attention_without_cudnn", lambda: called.append(1))
+    job = training.job.TrainingJob(model_dir=str(tmp_path), data_file="d", output_dir="o")
+    with pytest.raises(
+        ValueError, match="Unrecognized model"
+    ):  # an empty folder: no model to load, after the kernels are set
+        training.job.load_model(job)
+    assert called == [1]

@@ -131,6 +131,7 @@ def load_model(job: TrainingJob):
 
     if not job.score_every_position:
         score_loss_positions_only()
+    attention_without_cudnn()
     adapter = lora_adapter(job.model_dir)
     model = AutoModelForCausalLM.from_pretrained(
         adapter.base if adapter else job.model_dir, dtype=weights_dtype(job, gpu_has_bf16())
@@ -145,6 +146,19 @@ def load_model(job: TrainingJob):
         for layer in layers[: job.frozen_layers]:
             layer.requires_grad_(False)
     return model
+
+
+def attention_without_cudnn() -> None:
+    """On CUDA, attention through torch's flash kernels rather than cuDNN's. cuDNN builds an
+    execution plan on the host for every new sequence shape, and a trainer's rows change shape
+    every step: on an H200 (1.7B model, torch 2.11) its plans took 44% of the host's time (85%
+    in a machine's first process, which also compiles them), and without them a step took
+    0.13 s instead of 0.20 s at the same loss, SFT and DPO alike (bench/profile_train_step.py,
+    bench/results-gpu-checklist.md)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def with_adapter(model, adapter, job: TrainingJob):
