@@ -26,10 +26,10 @@ rollout: greedy episodes of the QA environment on test questions with vLLM, thro
     the same run as bench/rollout_throughput.py does (a float32 matmul on 1 thread and on all;
     bound = FLOP/s / (2 x (non-embedding + lm_head parameters)) tokens/s).
 
-    python bench/agent_r1.py --parts tools rollout --questions 16     # ~2 min on 2 cores
-    python bench/agent_r1.py --parts estimators --estimators grpo rloo  # two estimators
-    python bench/agent_r1.py                                           # all five, ~3 hours
-    python bench/agent_r1.py --parts rollout --model-dir runs-agent-r1/agent-r1-qa/sft/model
+    python -m bench.agent_r1 --parts tools rollout --questions 16     # ~2 min on 2 cores
+    python -m bench.agent_r1 --parts estimators --estimators grpo rloo  # two estimators
+    python -m bench.agent_r1                                           # all five, ~3 hours
+    python -m bench.agent_r1 --parts rollout --model-dir runs-agent-r1/agent-r1-qa/sft/model
 
 The estimators part needs a local store folder (the runs' manifests are read from it). The
 rollout part uses the config's environment and inference settings (max_steps, max_tokens,
@@ -51,10 +51,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from flywheel.confidence import wilson_interval
 
-from flywheel.confidence import wilson_interval  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PARTS = ("estimators", "tools", "rollout")
 ESTIMATORS = ("grpo", "dr-grpo", "rloo", "reinforce++", "ppo")
@@ -421,7 +420,6 @@ def rollout_part(args, cfg) -> dict:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from rollout_throughput import RequestLog, matmul_flops, model_shape, resolve_model
     from transformers import AutoTokenizer
 
     from agents.rollout import (
@@ -432,6 +430,7 @@ def rollout_part(args, cfg) -> dict:
         run_batched,
         task_list,
     )
+    from bench.rollout_throughput import RequestLog, matmul_flops, model_shape, resolve_model
     from envs import make_env
     from flywheel.chat import ChatTokenizer
     from flywheel.inference import SamplingSettings, VLLMBackend
@@ -514,7 +513,7 @@ def rollout_part(args, cfg) -> dict:
 
 
 def si(value: float) -> str:
-    from rollout_throughput import _si
+    from bench.rollout_throughput import _si
 
     return _si(value)
 
@@ -622,7 +621,7 @@ def report(command: str, cfg_file: str, overrides: list[str], results: dict) -> 
 
 HEADER = """# Agent-R1 bench (`bench/agent_r1.py`)
 
-Each section is one run: its command, the machine, its tables. `python bench/agent_r1.py --help`
+Each section is one run: its command, the machine, its tables. `python -m bench.agent_r1 --help`
 says what each part measures; `make bench-agent-r1` runs all of them.
 """
 
@@ -638,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         results["rollout"] = rollout_part(args, cfg)
     if "tools" in args.parts:
         results["tools"] = tools_part(args, cfg)
-    command = "python bench/agent_r1.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.agent_r1 " + shlex.join(argv if argv is not None else sys.argv[1:])
     section = report(command.strip(), args.config, args.overrides, results)
     print(section)
     args.out.parent.mkdir(parents=True, exist_ok=True)

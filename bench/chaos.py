@@ -2,7 +2,7 @@
 flow, a trainer, vLLM's engine and the servers killed at seeded random moments, resumed each time
 until the campaign is complete; then its store is compared with an undisturbed run's.
 
-    python bench/chaos.py --kills 12 --seed 0 --out bench/results-chaos.md
+    python -m bench.chaos --kills 12 --seed 0 --out bench/results-chaos.md
 
 Both campaigns run in the same folders (the undisturbed store is moved aside once complete), so
 paths written into files are equal. Each campaign run is `python -m flows.eto --campaign
@@ -592,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         "--kinds", default=",".join(KINDS), help=f"victims to choose from (default: {KINDS})"
     )
     args = parser.parse_args(argv)
-    command = "python bench/chaos.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.chaos " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.phase == "report":
         return report(args, command)
     work = args.work or Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp"))

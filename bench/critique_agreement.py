@@ -6,7 +6,7 @@ the pairs' bad paths with several critique settings: the likelihood critique as 
 with contextual calibration (`calibration: content_free`), and with `locate: most_bad`. The model
 runs on CPU with transformers; every (prompt, reply) is scored once and shared by all settings.
 
-    .venv/bin/python bench/critique_agreement.py --run /work/main/runs/agent-r-textcraft \\
+    .venv/bin/python -m bench.critique_agreement --run /work/main/runs/agent-r-textcraft \\
         --pairs all --out bench/results-critique.md
 
 `--pairs selected` judges the pairs the run's select-paths stage chose; `all` pairs every failed
@@ -30,12 +30,10 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agents.mcts import Critique, PathPair, SearchTree  # noqa: E402
-from flywheel.settings import CritiqueSettings  # noqa: E402
-from tasks.critique import critique_metrics, critique_pairs  # noqa: E402
-from tasks.select_paths import select_pairs  # noqa: E402
+from agents.mcts import Critique, PathPair, SearchTree
+from flywheel.settings import CritiqueSettings
+from tasks.critique import critique_metrics, critique_pairs
+from tasks.select_paths import select_pairs
 
 
 def _path(url: str) -> Path:
@@ -291,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         f"# Critique agreement with the oracle's first error ({args.pairs} pairs)",
         "",
-        f"Command: `.venv/bin/python bench/critique_agreement.py --run {args.run} "
+        f"Command: `.venv/bin/python -m bench.critique_agreement --run {args.run} "
         f"--round {args.round} --pairs {args.pairs} --history-steps {args.history_steps}"
         f"{' --two-verdicts' if args.two_verdicts else ''}`",
         f"Machine: {platform.processor() or platform.machine()}, {args.threads} threads, "

@@ -27,9 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from flywheel.records import Pair, Trajectory  # noqa: E402
+from flywheel.records import Pair, Trajectory
 
 
 @dataclass

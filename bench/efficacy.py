@@ -23,10 +23,10 @@ Every run holds the same `VALIDATION_TASKS` train tasks out (never trained on). 
 validation` evaluates on them: for choosing settings. `--split test` (the default) evaluates on
 the test tasks: for the reported tables only (docs/evaluation.md).
 
-    python bench/efficacy.py                          # 3 seeds, the budget below (2 CPU cores)
-    python bench/efficacy.py --split validation       # the same runs, read on validation
-    python bench/efficacy.py --seeds 0 --rounds 1     # one seed, one round: a quick look
-    python bench/efficacy.py --gpu                    # one GPU: every train task each round
+    python -m bench.efficacy                          # 3 seeds, the budget below (2 CPU cores)
+    python -m bench.efficacy --split validation       # the same runs, read on validation
+    python -m bench.efficacy --seeds 0 --rounds 1     # one seed, one round: a quick look
+    python -m bench.efficacy --gpu                    # one GPU: every train task each round
 
 On a GPU machine (the flows use it when torch sees one) `--gpu` explores or searches every train
 task each round, as the papers do, and freezes no layer.
@@ -46,15 +46,14 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from flywheel.confidence import (  # noqa: E402
+from flywheel.confidence import (
     gained_and_lost,
     mcnemar_exact,
     paired_bootstrap_over_seeds,
     wilson_interval,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RECIPES = {  # recipe -> (flow module, shipped config)
     "eto": ("flows.eto", "configs/eto_textcraft.yaml"),
@@ -404,7 +403,7 @@ def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None
                 differences[recipe].append(pair)
     plot = args.out.with_suffix(".png")
     learning_curve(curves, plot, differences)
-    command = "python bench/efficacy.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.efficacy " + shlex.join(argv if argv is not None else sys.argv[1:])
     walltimes = ", ".join(f"{r} seed {s}: {w / 60:.1f} min" for (r, s), w in walls.items())
     report = [
         "# Efficacy: held-out success per stage, over seeds (`bench/efficacy.py`)",

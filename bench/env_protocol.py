@@ -7,29 +7,42 @@ extra wall time over the in-process run, divided by the steps taken. A second ta
 round-trip latency of one step when a single episode runs alone (no overlap to hide it).
 Each mode runs `--repeats` times; the fastest run is reported (these machines are shared).
 
-    python bench/env_protocol.py                 # 64 episodes, 3 repeats
-    python bench/env_protocol.py --episodes 8 --repeats 1   # smoke test
+    python -m bench.env_protocol                 # 64 episodes, 3 repeats
+    python -m bench.env_protocol --episodes 8 --repeats 1   # smoke test
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
+
+from agents.rollout import RolloutSettings, agent_prefix, run_batched
+from envs import make_env
+from envs.agentgym import ClientSettings, RemoteEnv
+from envs.serve import LocalServer
+from flywheel.chat import ChatTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the scripted policy the tests use
 
-from scripted_policy import NoisyExpertBackend  # noqa: E402
 
-from agents.rollout import RolloutSettings, agent_prefix, run_batched  # noqa: E402
-from envs import make_env  # noqa: E402
-from envs.agentgym import ClientSettings, RemoteEnv  # noqa: E402
-from envs.serve import LocalServer  # noqa: E402
-from flywheel.chat import ChatTokenizer  # noqa: E402
+def tests_module(name: str) -> ModuleType:
+    """tests/<name>.py, loaded from its file: tests/ is no package, and its scripted policy is
+    test-only code the benches borrow (docs/architecture.md)."""
+    if name in sys.modules:  # a test process that imported it already
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+NoisyExpertBackend = tests_module("scripted_policy").NoisyExpertBackend
 
 TARGET_OVERHEAD_MS = 2.0
 

@@ -1,7 +1,7 @@
 """How much of a training set teaches mistakes: of the assistant turns that carry a loss, how many
 are answered by an observation saying the action failed.
 
-    python bench/failed_turns.py runs/agent-r-textcraft/round-1/sft-data/trajectories.jsonl
+    python -m bench.failed_turns runs/agent-r-textcraft/round-1/sft-data/trajectories.jsonl
 
 Expert data scores 0 here; a revision-SFT set built from sampled "good" continuations (a tree
 path that reached the goal can still hold failed actions on the way) need not.
@@ -10,12 +10,9 @@ path that reached the goal can still hold failed actions on the way) need not.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from flywheel.records import Trajectory  # noqa: E402
+from flywheel.records import Trajectory
 
 FAILURE = "Could not"  # TextCraft's reply to an action it cannot carry out
 

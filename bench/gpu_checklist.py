@@ -21,8 +21,8 @@ each step a process of its own with its own timeout, so one failure does not sto
 use (the recipes' configs, configs/accelerate/*.yaml), constructs the model's config, computes
 the predicted numbers, and launches nothing.
 
-    python bench/gpu_checklist.py                      # writes bench/results-gpu-checklist.md
-    python bench/gpu_checklist.py --dry-run --out /tmp/checklist.md
+    python -m bench.gpu_checklist                      # writes bench/results-gpu-checklist.md
+    python -m bench.gpu_checklist --dry-run --out /tmp/checklist.md
 
 A GPU machine that has torch but not Flywheel's whole stack (no network, no vLLM, no Prefect:
 the machine of bench/results-gpu-checklist.md) runs what it can from data built beforehand where
@@ -30,8 +30,8 @@ the stack is: `--prepare DIR` writes the trainers' rows, tokenizer and job files
 `--from-prepared DIR` on the GPU machine needs only torch, transformers, trl, peft, datasets (and
 deepspeed for ZeRO), and marks the steps it cannot run with the package they need.
 
-    python bench/gpu_checklist.py --prepare .gpu-prep             # here, the whole stack
-    python bench/gpu_checklist.py --from-prepared .gpu-prep       # there, torch and the trainers
+    python -m bench.gpu_checklist --prepare .gpu-prep             # here, the whole stack
+    python -m bench.gpu_checklist --from-prepared .gpu-prep       # there, torch and the trainers
 """
 
 from __future__ import annotations
@@ -50,11 +50,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from sizing import (  # noqa: E402
+from bench.sizing import (
     H100,
     Hardware,
     Shape,
@@ -63,6 +59,8 @@ from sizing import (  # noqa: E402
     training_flops,
     training_memory,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PY = sys.executable
 # SmolLM2-1.7B-Instruct's config.json: the built-in tokenizer's vocabulary fits it as is.
@@ -114,7 +112,7 @@ def lora_missing() -> str:
 
 def plan(work: Path, model_dir: Path, gpus: int, hardware: Hardware) -> list[Step]:
     """Every step's command and its prediction (from `hardware`: measured when known)."""
-    me = [PY, str(Path(__file__).resolve())]
+    me = [PY, "-m", "bench.gpu_checklist"]  # every step runs with cwd=ROOT
     shape = MODEL_SHAPE
     steps = [
         Step("bandwidth", [*me, "--internal", "bandwidth"], 120,
@@ -125,7 +123,7 @@ def plan(work: Path, model_dir: Path, gpus: int, hardware: Hardware) -> list[Ste
     bound = decode_bound(shape, hardware, ROLLOUT_EPISODES, ROLLOUT_CONTEXT)
     steps.append(Step(
         "rollout",
-        [PY, "bench/rollout_throughput.py", "--model-dir", str(model_dir),
+        [PY, "-m", "bench.rollout_throughput", "--model-dir", str(model_dir),
          "--episodes", str(ROLLOUT_EPISODES), "--max-steps", "6", "--max-tokens", "48",
          "--json", str(work / "rollout.json")],
         900, f"decode bound {bound:,.0f} generated tok/s at batch {ROLLOUT_EPISODES}, context "
@@ -139,7 +137,7 @@ def plan(work: Path, model_dir: Path, gpus: int, hardware: Hardware) -> list[Ste
             flops += shape.flops_per_token * tokens if trainer == "dpo" else 0
             seconds = train_seconds(flops, hardware.flops, 0.4)
             memory = training_memory(shape, 1, 0, lora, 1024, 256).total / 1e9
-            command = [PY, "bench/train_throughput.py", "--model-dir", str(model_dir),
+            command = [PY, "-m", "bench.train_throughput", "--model-dir", str(model_dir),
                        "--tasks", "16", "--pairs", "8", "--frozen-layers", "0",
                        "--variants", trainer]  # fmt: skip
             steps.append(Step(
@@ -167,7 +165,7 @@ def plan(work: Path, model_dir: Path, gpus: int, hardware: Hardware) -> list[Ste
                              "configs/agent_r1_qa.yaml", *rl], 1800, "see docs/sizing.md"))  # fmt: skip
     steps.append(Step(
         "eto-round",
-        [PY, "bench/efficacy.py", "--gpu", "--seeds", "0", "--recipes", "eto", "--rounds", "1",
+        [PY, "-m", "bench.efficacy", "--gpu", "--seeds", "0", "--recipes", "eto", "--rounds", "1",
          "--store", str(work / "runs-efficacy"), "--out", str(work / "efficacy.md"),
          "--set", f"model.base={model_dir}"],
         3600, "docs/sizing.md: ETO round rows",
@@ -351,8 +349,8 @@ def prepare(folder: Path, jobs=CHECKLIST_JOBS, tasks: int = 16, pairs: int = 8) 
     `pairs` pairs), the built-in tokenizer, and one TrainingJob a step of `jobs`, its folders
     marked for the GPU machine to fill in."""
     import transformers
-    from train_throughput import LORA_R16, expert_data, token_counts
 
+    from bench.train_throughput import LORA_R16, expert_data, token_counts
     from flywheel.settings import DPOSettings, SFTSettings
     from tasks.dpo import dpo_trl_args
     from tasks.sft import sft_trl_args
@@ -433,7 +431,7 @@ def run_prepared(
     work = (work or Path(tempfile.mkdtemp(prefix="gpu-checklist-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     model_dir, gpus = work / "model", gpu_count()
-    me = [PY, str(Path(__file__).resolve()), "--internal"]
+    me = [PY, "-m", "bench.gpu_checklist", "--internal"]
     steps = plan(work, model_dir, gpus, H100)
     run_step(steps[0], work)
     hardware = measured_hardware(steps[0])

@@ -7,8 +7,8 @@ Prints a markdown table: wall seconds, episodes/s, generated tokens/s and its fr
 machine's float32 matmul bound (timed in the same run), and how many episodes' replies are the
 same token for token on both engines.
 
-    python bench/greedy_engine.py                    # 26 test episodes, SmolLM2-135M
-    python bench/greedy_engine.py --episodes 8 --model tiny   # a smoke test
+    python -m bench.greedy_engine                    # 26 test episodes, SmolLM2-135M
+    python -m bench.greedy_engine --episodes 8 --model tiny   # a smoke test
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ import argparse
 import os
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollout_throughput import (  # noqa: E402
+from bench.rollout_throughput import (
     RequestLog,
     explore,
     matmul_flops,
@@ -107,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{same}/{len(free.replies)} episodes' replies identical token for token.",
         f"float32 matmul bound on {cpus} threads: {bound / 1e9:.1f} GFLOP/s (timed in this run); "
         f"load average {os.getloadavg()[0]:.2f} at the end; {datetime.now(UTC):%Y-%m-%d %H:%M} "
-        f"UTC. Command: `python bench/greedy_engine.py {' '.join(argv or sys.argv[1:])}`.",
+        f"UTC. Command: `python -m bench.greedy_engine {' '.join(argv or sys.argv[1:])}`.",
     ]
     print("\n".join(lines))
     return 0

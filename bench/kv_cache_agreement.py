@@ -2,8 +2,8 @@
 episodes under each KV-cache element type (`inference.kv_cache_dtype`), compared episode by
 episode with the first type's.
 
-    python bench/kv_cache_agreement.py --model-dir runs/eto-textcraft/sft/model
-    python bench/kv_cache_agreement.py --model-dir M --few-shot 1 --dtypes auto fp8 fp8_e5m2
+    python -m bench.kv_cache_agreement --model-dir runs/eto-textcraft/sft/model
+    python -m bench.kv_cache_agreement --model-dir M --few-shot 1 --dtypes auto fp8 fp8_e5m2
 
 Prints a markdown table: per type the tasks solved with a 95% Wilson interval, the wall time of
 the episodes, how many episodes are identical to the first type's (every reply token the same),
@@ -19,11 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from flywheel.confidence import wilson_interval
+from flywheel.settings import KV_CACHE_DTYPES
 
-from flywheel.confidence import wilson_interval  # noqa: E402
-from flywheel.settings import KV_CACHE_DTYPES  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -7,28 +7,41 @@ so both ways get identical replies and build identical trees (checked), and the 
 the search's own, not a model's. The script prints environment steps per expanded node, by the
 depth of the children built, and expanded nodes per second, with the environment's share timed.
 
-    python bench/mcts_restore.py                       # 12 tasks, 8 iterations, depth 12, N 4
-    python bench/mcts_restore.py --tasks 2 --iterations 2   # smoke test
+    python -m bench.mcts_restore                       # 12 tasks, 8 iterations, depth 12, N 4
+    python -m bench.mcts_restore --tasks 2 --iterations 2   # smoke test
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
+
+from agents.mcts import SearchLimits, search
+from agents.rollout import agent_prefix, few_shot_examples
+from envs import make_env
+from flywheel.chat import ChatTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the scripted policy the tests use
 
-from scripted_policy import NoisyExpertBackend  # noqa: E402
 
-from agents.mcts import SearchLimits, search  # noqa: E402
-from agents.rollout import agent_prefix, few_shot_examples  # noqa: E402
-from envs import make_env  # noqa: E402
-from flywheel.chat import ChatTokenizer  # noqa: E402
+def tests_module(name: str) -> ModuleType:
+    """tests/<name>.py, loaded from its file: tests/ is no package, and its scripted policy is
+    test-only code the benches borrow (docs/architecture.md)."""
+    if name in sys.modules:  # a test process that imported it already
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+NoisyExpertBackend = tests_module("scripted_policy").NoisyExpertBackend
 
 TARGET_STEP_RATIO = 3.0  # at depth >= 6
 

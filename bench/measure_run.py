@@ -1,6 +1,6 @@
 """Run a command and report its wall time and the peak memory of its whole process tree.
 
-    .venv/bin/python bench/measure_run.py -- make demo
+    .venv/bin/python -m bench.measure_run -- make demo
 
 Peak memory is the largest sum of resident set sizes over the command and all its descendants
 (trainer subprocesses, vLLM's engine processes), sampled every `--interval` seconds.

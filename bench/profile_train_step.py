@@ -12,8 +12,8 @@ LM head without its Triton kernels (the torch tiles a CPU uses), to tell the ker
 `--cudnn-attention` attends through cuDNN's kernels, which the trainers no longer use on CUDA
 (its per-shape plans took 44-85% of the host's time: `training.job.attention_without_cudnn`).
 
-    python bench/gpu_checklist.py --from-prepared .gpu-prep --work /tmp/gpu --steps build-model
-    python bench/profile_train_step.py .gpu-prep sft --work /tmp/gpu --out /tmp/sft-profile.md
+    python -m bench.gpu_checklist --from-prepared .gpu-prep --work /tmp/gpu --steps build-model
+    python -m bench.profile_train_step .gpu-prep sft --work /tmp/gpu --out /tmp/sft-profile.md
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 ROOT_MARK, PREP_MARK = "@WORK@", "@PREPARED@"  # as bench/gpu_checklist.py writes them
 

@@ -20,8 +20,8 @@ way comes to the machine's arithmetic bound for this model:
   divided by wall seconds x FLOP/s. Attention over the context is left out of both (its share is
   printed), so the bound is optimistic and the fractions are conservative.
 
-    python bench/rollout_throughput.py                      # SmolLM2-135M, 32 episodes x 6 steps
-    python bench/rollout_throughput.py --model tiny --episodes 4 --max-steps 3   # smoke test
+    python -m bench.rollout_throughput                      # SmolLM2-135M, 32 episodes x 6 steps
+    python -m bench.rollout_throughput --model tiny --episodes 4 --max-steps 3   # smoke test
 """
 
 from __future__ import annotations

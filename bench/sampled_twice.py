@@ -3,9 +3,9 @@ explore stage plays it (TextCraft tasks within 4 expert steps, SmolLM2-135M, 48-
 sampled at temperature 1, two samples per task; the generated ids of every episode written as
 JSON lines. Run it twice (two processes), then compare the two files:
 
-    python bench/sampled_twice.py play runs/sampled-1.jsonl --tasks 4 --kv-cache-gib 1 --max-steps 4
-    python bench/sampled_twice.py play runs/sampled-2.jsonl --tasks 4 --kv-cache-gib 1 --max-steps 4
-    python bench/sampled_twice.py compare runs/sampled-1.jsonl runs/sampled-2.jsonl
+    python -m bench.sampled_twice play runs/sampled-1.jsonl --tasks 4 --kv-cache-gib 1 --max-steps 4
+    python -m bench.sampled_twice play runs/sampled-2.jsonl --tasks 4 --kv-cache-gib 1 --max-steps 4
+    python -m bench.sampled_twice compare runs/sampled-1.jsonl runs/sampled-2.jsonl
 
 docs/determinism.md reports what it measured before and after requests were seeded.
 """
@@ -15,11 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def play(out: str, tasks: int, kv_cache_gib: int, max_steps: int) -> None:

@@ -16,8 +16,8 @@ The code is an arithmetic step like the scripted solver's (`envs.qa_env`), which
 `print(1)` costs; a call's time is the box's. Results go to `--out` (markdown), with the
 machine's load average before and after, since other work on the machine slows both boxes.
 
-    python bench/sandbox_latency.py                      # ~1 min on 2 cores
-    python bench/sandbox_latency.py --calls 200 --workers 1 2 4 8
+    python -m bench.sandbox_latency                      # ~1 min on 2 cores
+    python -m bench.sandbox_latency --calls 200 --workers 1 2 4 8
 """
 
 from __future__ import annotations
@@ -32,11 +32,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from envs.sandbox import SandboxLimits
+from envs.tools import PythonTool, ToolSettings
 
-from envs.sandbox import SandboxLimits  # noqa: E402
-from envs.tools import PythonTool, ToolSettings  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 BOXES = ("namespaces", "audit-hooks")
 CALL = {"code": "years = 1912 - 1887\nprint(years * 2)"}
@@ -97,7 +96,7 @@ def report(args, seconds, cpu, rates, load_before, load_after) -> str:
     lines = [
         f"# The python tool's sandbox: latency and batch throughput ({datetime.now(UTC):%Y-%m-%d})",
         "",
-        f"`python bench/sandbox_latency.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
+        f"`python -m bench.sandbox_latency {' '.join(sys.argv[1:])}`".replace(" `", "`"),
         "",
         f"Machine: {os.cpu_count()} CPUs, Linux {platform.release()}, Python "
         f"{platform.python_version()}, running as uid {os.getuid()}; load average "

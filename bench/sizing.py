@@ -21,7 +21,7 @@ The formulas (docs/sizing.md shows them with the table this prints):
   Korthikanti et al. with flash attention), plus fp32 logits and their gradient on the positions
   with a loss (8 B x V each); KV cache 2 x layers x nkv x d x 2 B per token.
 
-    python bench/sizing.py            # the table of docs/sizing.md
+    python -m bench.sizing            # the table of docs/sizing.md
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 episode: how many greedy episodes are identical (every reply the same), and which tasks were
 gained or lost.
 
-    python bench/stage_diff.py runs/eto-textcraft sft eto-round-1
-    python bench/stage_diff.py runs/eto-textcraft sft eto-round-1 --split validation
+    python -m bench.stage_diff runs/eto-textcraft sft eto-round-1
+    python -m bench.stage_diff runs/eto-textcraft sft eto-round-1 --split validation
 
 A round whose success rate equals its start's can be a policy that did not move (every episode
 identical: the update was too small) or one that moved without net effect (episodes differ,
@@ -13,13 +13,10 @@ gains cancel losses); this says which.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from flywheel.records import Trajectory  # noqa: E402
-from flywheel.settings import EvaluateSettings  # noqa: E402
+from flywheel.records import Trajectory
+from flywheel.settings import EvaluateSettings
 
 
 def episodes(path: Path) -> dict[str, tuple[list[str], bool]]:

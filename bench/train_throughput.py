@@ -23,8 +23,8 @@ context tokens of those rows. What is reported per variant:
   left out, so the fractions are conservative;
 - fraction of the float32 matmul bound on all threads, timed in this run.
 
-    python bench/train_throughput.py                       # SmolLM2-135M, the shipped settings
-    python bench/train_throughput.py --model tiny --frozen-layers 1 --tasks 4 --pairs 4  # smoke test
+    python -m bench.train_throughput                       # SmolLM2-135M, the shipped settings
+    python -m bench.train_throughput --model tiny --frozen-layers 1 --tasks 4 --pairs 4  # smoke test
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollout_throughput import ModelShape, matmul_flops, model_shape, resolve_model  # noqa: E402
+from bench.rollout_throughput import ModelShape, matmul_flops, model_shape, resolve_model
 
 # Variants: name -> (trainer, trl_args on top of the shipped settings, TrainingJob fields).
 EVERY_POSITION = {"score_every_position": True}

@@ -2,16 +2,13 @@
 the estimators part on the tiny model with two estimators, the rollout part on the tiny model."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import tiny_tool_recipe
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import agent_r1  # noqa: E402
+from bench import agent_r1
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,4 +107,4 @@ def test_two_estimators_share_the_warm_start_then_the_rollout_part(tmp_path, tin
     text = out.read_text()
     assert text.startswith("# Agent-R1 bench")
     assert "| warm start (SFT) |" in text and "| grpo | no RL update |" in text
-    assert "decode bound at" in text and "python bench/agent_r1.py --parts estimators" in text
+    assert "decode bound at" in text and "python -m bench.agent_r1 --parts estimators" in text

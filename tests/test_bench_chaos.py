@@ -2,12 +2,9 @@
 is named when files differ) and the seeded choice of victims."""
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import chaos  # noqa: E402
+from bench import chaos
 
 
 def manifest(published_at: str, sha: str = "aa") -> str:

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import dpo_margins  # noqa: E402
+from bench import dpo_margins
 
 
 def test_mask_runs_are_the_agent_turns():

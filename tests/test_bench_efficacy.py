@@ -3,14 +3,10 @@ bootstrap interval's ends, the paired rows pooled over seeds x tasks, and the sp
 (validation held out of training, disjoint from test)."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import efficacy  # noqa: E402
+from bench import efficacy
 
 
 def test_tokens_to_reach_a_stage_add_sft_and_every_round_up_to_its_own():

@@ -1,11 +1,6 @@
 """The KV-cache agreement bench's counts, on hand-made episodes."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import kv_cache_agreement as bench  # noqa: E402
+from bench import kv_cache_agreement as bench
 
 REFERENCE = {
     "a": ([[1, 2], [3], [4]], True),

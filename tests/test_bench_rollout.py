@@ -1,12 +1,7 @@
 """The rollout bench's verdicts, on hand-made results: the speed-up, the fraction of the
 all-cores decode bound, and the most that fraction can be at the workload's prefill share."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import rollout_throughput as bench  # noqa: E402
+from bench import rollout_throughput as bench
 
 # 100 MFLOPs a token: 2 x (40M non-embedding + 10M lm_head)
 SHAPE = bench.ModelShape(

@@ -2,14 +2,11 @@
 gained and lost; trained turns answered by a failed action."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import stage_diff  # noqa: E402
+from bench import stage_diff
 
 
 def write_stage(
@@ -57,8 +54,7 @@ def test_an_unknown_stage_names_the_stages_there(tmp_path, capsys):
 
 
 def test_failed_turns_count_only_trained_turns_answered_by_a_failure():
-    import failed_turns
-
+    from bench import failed_turns
     from flywheel.records import Trajectory
 
     record = {

@@ -6,13 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import gpu_checklist  # noqa: E402
+from bench import gpu_checklist
 
 
 def test_dry_run_plans_every_step_and_launches_nothing(tmp_path, monkeypatch):
@@ -36,7 +33,7 @@ def test_dry_run_plans_every_step_and_launches_nothing(tmp_path, monkeypatch):
 
 
 def test_rollout_prediction_is_the_sizing_decode_bound(tmp_path):
-    from sizing import H100, decode_bound
+    from bench.sizing import H100, decode_bound
 
     steps = gpu_checklist.plan(tmp_path, tmp_path / "model", 1, H100)
     rollout = next(s for s in steps if s.name == "rollout")
@@ -99,15 +96,17 @@ def test_a_prepared_job_trains_and_reports_its_tokens_per_second(tmp_path):
     import os
 
     env = os.environ | {"FLYWHEEL_CHECKLIST_TINY": "1"}
-    script = [sys.executable, str(Path(gpu_checklist.__file__))]
+    root = gpu_checklist.ROOT  # as the GPU machine runs it: from the repository, not installed
+    script = [sys.executable, "-m", "bench.gpu_checklist"]
     prepared, work = tmp_path / "prepared", tmp_path / "work"
     subprocess.run([*script, "--prepare", str(prepared), "--tasks", "2", "--pairs", "1",
-                    "--jobs", "sft"], env=env, check=True)  # fmt: skip
+                    "--jobs", "sft"], env=env, cwd=root, check=True)  # fmt: skip
     assert "@WORK@/model" in (prepared / "jobs" / "sft.json").read_text()
     subprocess.run([*script, "--internal", "build-model", str(work / "model"),
-                    str(prepared / "tokenizer")], env=env, check=True)  # fmt: skip
+                    str(prepared / "tokenizer")], env=env, cwd=root, check=True)  # fmt: skip
     done = subprocess.run([*script, "--internal", "train", str(prepared), "sft", str(work)],
-                          env=env, check=True, capture_output=True, text=True)  # fmt: skip
+                          env=env, cwd=root, check=True, capture_output=True,
+                          text=True)  # fmt: skip
     measured = json.loads(done.stdout.strip().splitlines()[-1])
     planned = json.loads((prepared / "plan.json").read_text())["sft"]
     assert measured["rows"] == planned["rows"] == 2
@@ -117,9 +116,9 @@ def test_a_prepared_job_trains_and_reports_its_tokens_per_second(tmp_path):
     assert (work / "sft" / "model" / "config.json").exists()
     # The step profiler on the same prepared job: every optimizer step timed, one profiled.
     profile = tmp_path / "profile.md"
-    subprocess.run([sys.executable, str(Path(gpu_checklist.__file__).with_name(
-        "profile_train_step.py")), str(prepared), "sft", "--work", str(work), "--warmup", "0",
-        "--active", "1", "--out", str(profile)], env=env, check=True)  # fmt: skip
+    subprocess.run([sys.executable, "-m", "bench.profile_train_step", str(prepared), "sft",
+                    "--work", str(work), "--warmup", "0", "--active", "1", "--out", str(profile)],
+                   env=env, cwd=root, check=True)  # fmt: skip
     text = profile.read_text()
     assert f"{measured['optimizer_steps']} optimizer steps" in text
     assert "## by host time" in text and "aten::mm" in text

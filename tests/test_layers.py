@@ -22,6 +22,7 @@ LAYERS = [
     ["tasks"],  # stages
     ["ops"],  # how recipes run: driver, runner, campaigns, locks, services, cli
     ["flows"],  # recipes
+    ["bench"],  # benchmarks and measurements: may import any package; nothing imports them
 ]
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
 
@@ -105,6 +106,8 @@ def test_every_package_is_on_a_layer():
         ({"flywheel.storage": "def f():\n    from ops.runner import run_tracked\n"}, 1),
         ({"envs.textcraft": "import training.launch\n"}, 1),  # one layer, two packages
         ({"flows.eto": "from tasks.sft import sft_stage\nimport flywheel.stage\n"}, 0),
+        ({"ops.cli": "def f():\n    from bench.sizing import H100\n"}, 1),  # nothing imports bench
+        ({"bench.gpu_checklist": "import bench.sizing\nfrom flows.eto import ETO\n"}, 0),
     ],
 )
 def test_the_check_sees_upward_and_sideways_imports(sources, expected):
@@ -122,7 +125,8 @@ def test_the_code_version_sees_every_package_and_no_stage_runs_ops_or_flows():
     flows/, so a change there re-runs nothing."""
     from flywheel.code_version import PROJECT_PACKAGES, closure
 
-    assert set(PROJECT_PACKAGES) == set(RANK)
+    # bench/ is no stage's code: nothing below it may import it, so no closure reaches it.
+    assert set(PROJECT_PACKAGES) == set(RANK) - {"bench"}
     stage_modules = tuple(f"tasks.{p.stem}" for p in (ROOT / "tasks").glob("*.py"))
     reached = {m.split(".")[0] for m in closure(stage_modules)}
     assert reached <= {p for p, rank in RANK.items() if rank < RANK["ops"]}

@@ -4,8 +4,6 @@ so the loop's rules can be checked exactly; real vLLM runs in test_eto_flow)."""
 from __future__ import annotations
 
 import itertools
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,8 +12,6 @@ from agents.rollout import RolloutSettings, agent_prefix, run_batched
 from envs import make_env
 from flywheel.chat import FORMAT_HINT, format_reply
 from flywheel.inference import Generation
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # rollout_throughput
 
 
 class ScriptedBackend:
@@ -221,7 +217,7 @@ def test_few_shot_examples_are_the_first_short_train_tasks():
 
 
 def test_sequential_rollout_plays_one_request_at_a_time_to_the_same_episodes(chat):
-    from rollout_throughput import run_sequential  # the bench's baseline way
+    from bench.rollout_throughput import run_sequential  # the bench's baseline way
 
     env = make_env("textcraft")
     solved, garbage = "acacia_boat", "birch_boat"
@@ -240,7 +236,7 @@ def test_sequential_rollout_plays_one_request_at_a_time_to_the_same_episodes(cha
 
 
 def test_the_sequential_rollout_shows_one_bar_over_its_episodes(chat, capsys):
-    from rollout_throughput import run_sequential
+    from bench.rollout_throughput import run_sequential
 
     env = make_env("textcraft")
     solved, garbage = "acacia_boat", "birch_boat"

@@ -6,14 +6,9 @@ bench/results-train-throughput.md (run 4).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-from sizing import (  # noqa: E402
+from bench.sizing import (
     H100,
     SHAPES,
     compute_decode_bound,

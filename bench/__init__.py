@@ -1,0 +1,1 @@
+"""Benchmarks and measurements: scripts run as `python -m bench.<name>` (README, Makefile)."""
