@@ -59,40 +59,40 @@ lint: install
 
 # 6 steps an episode: the demos' env.max_steps
 bench: install
-	$(PY) bench/rollout_throughput.py --episodes 32 --max-steps 6 --max-tokens 48
+	$(PY) -m bench.rollout_throughput --episodes 32 --max-steps 6 --max-tokens 48
 
 # The demo's SFT policy (make demo first) under a float32 and an fp8 KV cache, episode by episode
 bench-kv-cache: install
-	$(PY) bench/kv_cache_agreement.py --model-dir runs/eto-textcraft/sft/model
+	$(PY) -m bench.kv_cache_agreement --model-dir runs/eto-textcraft/sft/model
 
 # The python tool's two boxes: latency per call and batch throughput (bench/results-sandbox-latency.md)
 bench-sandbox: install
-	$(PY) bench/sandbox_latency.py
+	$(PY) -m bench.sandbox_latency
 
 bench-mcts: install
-	$(PY) bench/mcts_restore.py
+	$(PY) -m bench.mcts_restore
 
 # The tiny ETO campaign on two environment servers, the flow, trainers, vLLM's engine and the
 # servers killed at seeded moments and resumed; the store compared with an undisturbed run's
 # (bench/results-chaos.md; hours on 2 cores)
 bench-chaos: install
-	$(PY) bench/chaos.py --kills 12 --seed 0
+	$(PY) -m bench.chaos --kills 12 --seed 0
 
 # On a CUDA machine: bandwidth, vLLM against the decode bound, SFT/DPO/RL step time and memory
 # (full and LoRA, a 1.7B-shaped model), ZeRO-2/3, an ETO round: bench/results-gpu-checklist.md.
 # `--dry-run` (in the fast tests) builds every command and parses every config, launching nothing.
 gpu-checklist: install
-	$(PY) bench/gpu_checklist.py
+	$(PY) -m bench.gpu_checklist
 
 bench-env: install
-	$(PY) bench/env_protocol.py
+	$(PY) -m bench.env_protocol
 
 bench-train: install
-	$(PY) bench/train_throughput.py --tasks 16 --pairs 8 --out bench/results-train-throughput.md
+	$(PY) -m bench.train_throughput --tasks 16 --pairs 8 --out bench/results-train-throughput.md
 
 # ETO and Agent-R at a larger budget, 3 seeds (about 2 hours on 2 cores): bench/results-efficacy.md
 bench-efficacy: install
-	$(PY) bench/efficacy.py
+	$(PY) -m bench.efficacy
 
 # Agent-R1: the five estimators side by side on one warm start (hours on 2 cores), the tools'
 # speed, rollouts with tool calls against the decode bound: bench/results-agent-r1.md
