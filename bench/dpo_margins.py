@@ -16,7 +16,7 @@ for token under greedy decoding (every token ranked first): the last is what a g
 needs. A DPO round that widens the margin on held-out pairs while its turn match falls is pushing
 both sides down (likelihood displacement) rather than raising the right actions.
 
-    python bench/dpo_margins.py runs/efficacy-eto-seed0 --policy lr1e-5=DIR [--policy NAME=DIR]
+    python -m bench.dpo_margins runs/efficacy-eto-seed0 --policy lr1e-5=DIR [--policy NAME=DIR]
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ class Scored:
     top1: int  # masked tokens the model ranks first
     turns: int  # runs of masked tokens (agent turns)
     turns_exact: int  # turns whose every token the model ranks first
+    actions: int = 0  # the turns' commands (what follows "Action:"), where marked
+    actions_exact: int = 0  # commands whose every token the model ranks first, given the thought
 
 
 def read_records(path: Path, kind):
@@ -57,9 +59,22 @@ def mask_runs(mask: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def score(model, ids: list[int], mask: list[int]) -> Scored:
+def action_spans(tokenizer, ids: list[int], mask: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each agent turn's command: the tokens after the one that completes
+    "Action:" (a turn without it has none)."""
+    spans = []
+    for start, end in mask_runs(mask):
+        for k in range(start, end):
+            if "Action:" in tokenizer.decode(ids[start : k + 1]):
+                if k + 1 < end:
+                    spans.append((k + 1, end))
+                break
+    return spans
+
+
+def score(model, ids: list[int], mask: list[int], actions=()) -> Scored:
     """Each masked token's log-probability given the tokens before it (position 0 is never
-    masked: a prompt comes first)."""
+    masked: a prompt comes first); `actions` ([start, end) of token ids) are checked whole."""
     import torch
 
     with torch.no_grad():
@@ -77,6 +92,8 @@ def score(model, ids: list[int], mask: list[int]) -> Scored:
         top1=int(ranked_first[picked].sum()),
         turns=len(runs),
         turns_exact=sum(bool(ranked_first[a:b].all()) for a, b in runs),
+        actions=len(actions),
+        actions_exact=sum(bool(ranked_first[a - 1 : b - 1].all()) for a, b in actions),
     )
 
 
@@ -98,7 +115,10 @@ def expert_sequences(trajectories: list[Trajectory], chat, max_length: int) -> l
     from training.datasets import sft_rows
 
     rows, _ = sft_rows(trajectories, chat, max_length)
-    return [(row["input_ids"], row["assistant_masks"]) for row in rows]
+    return [
+        (ids, mask, action_spans(chat.tokenizer, ids, mask))
+        for ids, mask in ((row["input_ids"], row["assistant_masks"]) for row in rows)
+    ]
 
 
 def held_out_sets(run: Path, split: str) -> tuple[list[Pair], list[Trajectory]]:
@@ -142,6 +162,8 @@ def expert_summary(scored: list[Scored]) -> dict:
         "logp per token": sum(s.logp for s in scored) / tokens,
         "top-1 tokens": sum(s.top1 for s in scored) / tokens,
         "turns exact": sum(s.turns_exact for s in scored) / sum(s.turns for s in scored),
+        "actions exact": sum(s.actions_exact for s in scored)
+        / max(sum(s.actions for s in scored), 1),
     }
 
 
@@ -187,14 +209,15 @@ def report(scored: dict, sets: dict, experts: int, split: str, beta: float) -> s
         "",
         f"Expert trajectories on the {experts} {split} tasks (agent turns, teacher-forced):",
         "",
-        "| policy | logp per token | tokens ranked first | turns reproduced greedily |",
-        "|---|---:|---:|---:|",
+        "| policy | logp per token | tokens ranked first | turns reproduced greedily |"
+        " commands reproduced, given the thought |",
+        "|---|---:|---:|---:|---:|",
     ]
     for name in scored:
         e = expert_summary(scored[name]["experts"])
         lines.append(
             f"| {name} | {e['logp per token']:.3f} | {100 * e['top-1 tokens']:.1f}% | "
-            f"{100 * e['turns exact']:.1f}% |"
+            f"{100 * e['turns exact']:.1f}% | {100 * e['actions exact']:.1f}% |"
         )
     return "\n".join(lines) + "\n"
 

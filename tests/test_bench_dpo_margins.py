@@ -50,3 +50,21 @@ def test_pair_summary_is_dpo_s_implicit_reward_margin():
     assert summary["rejected change"] == pytest.approx(-2.5)
     assert summary["margin"] == pytest.approx((0.1 * 3 + 0.1 * 2) / 2)
     assert summary["ranked right"] == 2
+
+
+def test_a_command_counts_when_every_token_after_action_is_ranked_first():
+    third = math.log(3)
+    model = FixedLogits([[0, third, 0], [third, 0, 0], [0, third, 0], [0, 0, 0]])
+    ids, mask = [0, 1, 2, 1], [0, 1, 1, 1]  # ids 1, 2, 1 predicted: first, not, first
+    last_only = dpo_margins.score(model, ids, mask, actions=[(3, 4)])
+    assert (last_only.actions, last_only.actions_exact) == (1, 1)
+    with_a_miss = dpo_margins.score(model, ids, mask, actions=[(2, 4)])
+    assert (with_a_miss.actions, with_a_miss.actions_exact) == (1, 0)
+
+
+def test_action_spans_start_after_the_token_that_completes_action():
+    words = {0: "<p>", 1: "Thought: x\n", 2: "Action", 3: ":", 4: " get", 5: " log", 6: "<end>"}
+    tokenizer = SimpleNamespace(decode=lambda ids: "".join(words[i] for i in ids))
+    ids = [0, 1, 2, 3, 4, 5, 6, 0, 1, 4]
+    mask = [0, 1, 1, 1, 1, 1, 1, 0, 1, 1]  # the second turn has no "Action:"
+    assert dpo_margins.action_spans(tokenizer, ids, mask) == [(4, 7)]
