@@ -14,35 +14,16 @@ Each mode runs `--repeats` times; the fastest run is reported (these machines ar
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
-import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 from agents.rollout import RolloutSettings, agent_prefix, run_batched
+from bench.scripted import NoisyExpertBackend
 from envs import make_env
 from envs.agentgym import ClientSettings, RemoteEnv
 from envs.serve import LocalServer
 from flywheel.chat import ChatTokenizer
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def tests_module(name: str) -> ModuleType:
-    """tests/<name>.py, loaded from its file: tests/ is no package, and its scripted policy is
-    test-only code the benches borrow (docs/architecture.md)."""
-    if name in sys.modules:  # a test process that imported it already
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-NoisyExpertBackend = tests_module("scripted_policy").NoisyExpertBackend
 
 TARGET_OVERHEAD_MS = 2.0
 

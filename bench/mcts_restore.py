@@ -14,34 +14,16 @@ depth of the children built, and expanded nodes per second, with the environment
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 from agents.mcts import SearchLimits, search
 from agents.rollout import agent_prefix, few_shot_examples
+from bench.scripted import NoisyExpertBackend
 from envs import make_env
 from flywheel.chat import ChatTokenizer
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def tests_module(name: str) -> ModuleType:
-    """tests/<name>.py, loaded from its file: tests/ is no package, and its scripted policy is
-    test-only code the benches borrow (docs/architecture.md)."""
-    if name in sys.modules:  # a test process that imported it already
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-NoisyExpertBackend = tests_module("scripted_policy").NoisyExpertBackend
 
 TARGET_STEP_RATIO = 3.0  # at depth >= 6
 
