@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT_MARK, PREP_MARK = "@WORK@", "@PREPARED@"  # as bench/gpu_checklist.py writes them
+from bench.gpu_checklist import PREP_MARK, ROOT_MARK
 
 
 def job_for(prepared: Path, name: str, work: Path):
