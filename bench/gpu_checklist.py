@@ -28,7 +28,9 @@ A GPU machine that has torch but not Flywheel's whole stack (no network, no vLLM
 the machine of bench/results-gpu-checklist.md) runs what it can from data built beforehand where
 the stack is: `--prepare DIR` writes the trainers' rows, tokenizer and job files;
 `--from-prepared DIR` on the GPU machine needs only torch, transformers, trl, peft, datasets (and
-deepspeed for ZeRO), and marks the steps it cannot run with the package they need.
+deepspeed for ZeRO), and marks the steps it cannot run with the package they need; where the
+`sft` job is prepared it ends with `profile-sft` (bench/profile_train_step.py: step times and
+where the time goes, in the work folder's profile-sft.md).
 
     python -m bench.gpu_checklist --prepare .gpu-prep             # here, the whole stack
     python -m bench.gpu_checklist --from-prepared .gpu-prep       # there, torch and the trainers
@@ -440,6 +442,10 @@ def run_prepared(
     steps = [s for s in steps if s.name not in PREPARED_JOBS or s.name in prepared_jobs]
     steps += [Step(name, [], PREPARED_TIMEOUT_S) for name in prepared_jobs if name not in
               {s.name for s in steps}]  # fmt: skip
+    if "sft" in prepared_jobs:  # where the SFT step's time goes (section 4 of the results)
+        profile = [PY, "-m", "bench.profile_train_step", str(prepared), "sft", "--work",
+                   str(work), "--out", str(work / "profile-sft.md")]  # fmt: skip
+        steps.append(Step("profile-sft", profile, PREPARED_TIMEOUT_S))
     if only:
         steps = [s for s in steps if s.name in {"bandwidth", *only}]
     out = out or ROOT / "bench" / "results-gpu-checklist.md"
@@ -451,6 +457,8 @@ def run_prepared(
             step.skip = step.skip or missing_module("trl", "peft", "datasets")
             if PREPARED_JOBS[step.name][2]:
                 step.skip = step.skip or missing_module("deepspeed")
+        elif step.name == "profile-sft":
+            step.skip = missing_module("trl", "datasets")
         elif step.name == "rollout":
             step.skip = missing_module("vllm")
         else:  # the flows

@@ -77,7 +77,7 @@ def test_a_machine_without_the_flows_runs_the_prepared_jobs_and_names_what_is_mi
     gpu_checklist.run_prepared(prepared, tmp_path / "work", out)
     status = {s.name: s.status for s in ran}
     assert list(status) == ["bandwidth", "build-model", "rollout", "sft", "zero3", "rl",
-                            "eto-round", "sft-packed"]  # fmt: skip
+                            "eto-round", "sft-packed", "profile-sft"]  # fmt: skip
     assert status["rollout"] == "skipped: vllm is not installed on this machine"
     assert (
         status["rl"] == status["eto-round"] == "skipped: prefect is not installed on this machine"
@@ -87,6 +87,9 @@ def test_a_machine_without_the_flows_runs_the_prepared_jobs_and_names_what_is_mi
     sft = next(s for s in ran if s.name == "sft")
     assert sft.command[-4:] == ["train", str(prepared), "sft", str(tmp_path / "work")]
     assert "| sft-packed | ok |" in out.read_text()
+    profile = next(s for s in ran if s.name == "profile-sft")
+    assert profile.status == "ok"
+    assert profile.command[1:5] == ["-m", "bench.profile_train_step", str(prepared), "sft"]
 
 
 @pytest.mark.slow  # 77 s on 2 cores: the expert data, the built-in tokenizer, a trainer
