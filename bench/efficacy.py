@@ -119,14 +119,6 @@ def run_name(recipe: str, seed: int) -> str:
     return f"efficacy-{recipe}-seed{seed}"
 
 
-def evaluate_folder(split: str) -> str:
-    """Where a run keeps its evaluations on `split` (ops/driver.py): both splits' evaluations
-    live in one run, whose training stages serve either."""
-    from flywheel.settings import EvaluateSettings
-
-    return EvaluateSettings(split=split).folder
-
-
 def split_overrides(split: str) -> list[str]:
     return [f"evaluate.split={split}"]
 
@@ -183,8 +175,10 @@ def stage_outcomes(
     store: Path, recipe: str, seed: int, split: str = "test"
 ) -> dict[str, dict[str, bool]]:
     """Stage label -> task id -> solved, from the run's evaluation trajectories."""
+    from flywheel.settings import EvaluateSettings
+
     run = store / run_name(recipe, seed)
-    folder, outcomes = run / evaluate_folder(split), {}
+    folder, outcomes = run / EvaluateSettings(split=split).folder, {}
     for stage in json.loads((run / "results.json").read_text()):
         label = stage["stage"]
         lines = (folder / label / "trajectories.jsonl").read_text().splitlines()

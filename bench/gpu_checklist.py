@@ -393,16 +393,21 @@ def prepare(folder: Path, jobs=CHECKLIST_JOBS, tasks: int = 16, pairs: int = 8) 
     print(f"prepared {len(plan_file)} jobs in {folder}")
 
 
+def prepared_job_file(prepared: Path, name: str, work: Path, folder: Path) -> Path:
+    """`folder`/job.json: prepared job `name` with this machine's folders in place of the marks."""
+    text = (prepared / "jobs" / f"{name}.json").read_text()
+    text = text.replace(ROOT_MARK, str(work)).replace(PREP_MARK, str(prepared.resolve()))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "job.json").write_text(text)
+    return folder / "job.json"
+
+
 def train_prepared(prepared: Path, name: str, work: Path) -> None:
     """One prepared job, launched as a stage launches it; prints what it measured last."""
     from training.launch import command
 
     spec = json.loads((prepared / "plan.json").read_text())[name]
-    text = (prepared / "jobs" / f"{name}.json").read_text()
-    text = text.replace(ROOT_MARK, str(work)).replace(PREP_MARK, str(prepared.resolve()))
-    (work / name).mkdir(parents=True, exist_ok=True)
-    job_file = work / name / "job.json"
-    job_file.write_text(text)
+    job_file = prepared_job_file(prepared, name, work, work / name)
     metrics_file = work / name / "metrics.json"
     cmd = command(f"training.{spec['trainer']}", job_file, 1, spec["accelerate"])
     env = os.environ | {"FLYWHEEL_METRICS_FILE": str(metrics_file), "PYTHONUNBUFFERED": "1"}

@@ -26,19 +26,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.gpu_checklist import PREP_MARK, ROOT_MARK
+from bench.gpu_checklist import prepared_job_file
 
 
 def job_for(prepared: Path, name: str, work: Path):
+    """Prepared job `name`, writing into work/<name>-profile, without checkpoints."""
     from training.job import TrainingJob
 
-    text = (prepared / "jobs" / f"{name}.json").read_text()
-    text = text.replace(ROOT_MARK, str(work)).replace(PREP_MARK, str(prepared.resolve()))
-    job_file = work / f"{name}-profile" / "job.json"
-    job_file.parent.mkdir(parents=True, exist_ok=True)
-    job_file.write_text(text)
-    job = TrainingJob.load(str(job_file))
     out = work / f"{name}-profile"
+    job = TrainingJob.load(str(prepared_job_file(prepared, name, work, out)))
     trl_args = {**job.trl_args, "output_dir": str(out / "trl"), "save_strategy": "no"}
     return replace(job, output_dir=str(out / "model"), trl_args=trl_args)
 
@@ -155,12 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         args.cudnn_attention,
     )
     steps = report["step_s"]
+    median = statistics.median(steps[args.warmup :] or steps)
     lines = [
         f"# {args.job}{' (no Triton)' if args.no_triton else ''}"
         f"{' (cuDNN attention)' if args.cudnn_attention else ''}: {len(steps)} optimizer steps",
         "",
         "step wall s: " + " ".join(f"{s:.3f}" for s in steps),
-        f"median after warm-up: {statistics.median(steps[args.warmup :] or steps):.3f} s",
+        f"median after warm-up: {median:.3f} s",
         f"train_runtime {metrics.get('train_runtime')} s, loss {metrics.get('train_loss')}",
     ]
     profile = report.get("profile")
@@ -180,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
     text = "\n".join(lines) + "\n"
     print(text)
-    print(json.dumps({"median_step_s": statistics.median(steps[args.warmup :] or steps)}))
+    print(json.dumps({"median_step_s": median}))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
