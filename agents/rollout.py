@@ -9,8 +9,6 @@ bench/rollout_throughput.py's `run_sequential`.)
 from __future__ import annotations
 
 import functools
-import random
-import time
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
@@ -21,17 +19,11 @@ from flywheel.chat import ChatTokenizer
 from flywheel.inference import (
     Generation,
     InferenceBackend,
-    OpenAIBackend,
     SamplingSettings,
     request_seed,
     sample_indices,
-    shared_vllm,
 )
-from flywheel.records import EpisodeStats, Message, Trajectory
-from flywheel.settings import EnvSettings
-from flywheel.stage import StageResult
-from flywheel.storage import ArtifactStore
-from training.pareto import mixed_group_ids
+from flywheel.records import Message, Trajectory
 
 
 @dataclass(frozen=True)
@@ -359,49 +351,6 @@ def _to_trajectory(env: Environment, state: _Live, episode_start: int, grouped: 
     )
 
 
-def within_expert_steps(env: Environment, task_ids: list[str], limit: int | None) -> list[str]:
-    """The tasks the environment's expert solves in at most `limit` steps (all when None)."""
-    if limit is None:
-        return list(task_ids)
-    return [t for t in task_ids if len(env.expert_plan(t) or ()) in range(1, limit + 1)]
-
-
-def select_tasks(task_ids: list[str], limit: int | None, seed: int) -> list[str]:
-    """A seeded sample of `limit` tasks (all when None), in the split's own order."""
-    if limit is None or limit >= len(task_ids):
-        return list(task_ids)
-    chosen = set(random.Random(seed).sample(task_ids, limit))
-    return [t for t in task_ids if t in chosen]
-
-
-def task_list(env: Environment, split, env_settings, seed: int) -> list[str]:
-    """The split's tasks a run uses: within `max_expert_steps`, then a seeded sample."""
-    from flywheel.settings import ConfigError
-
-    limit = env_settings.train_tasks if split == "train" else env_settings.test_tasks
-    eligible = within_expert_steps(env, env.task_ids(split), env_settings.max_expert_steps)
-    if not env.task_ids(split):
-        raise ConfigError(f"{env.name} has no {split} tasks: no run can use it")
-    if not eligible:
-        shortest = min(len(env.expert_plan(t) or ()) for t in env.task_ids(split))
-        raise ConfigError(
-            f"env.max_expert_steps={env_settings.max_expert_steps} leaves no {split} task of "
-            f"{env.name}; its shortest expert plan has {shortest} steps"
-        )
-    if limit is not None and limit > len(eligible):  # never run fewer tasks than asked, silently
-        within = (
-            f" within env.max_expert_steps={env_settings.max_expert_steps}"
-            if env_settings.max_expert_steps is not None
-            else ""
-        )
-        raise ConfigError(
-            f"env.{split}_tasks={limit}: the {split} split of {env.name} holds {len(eligible)} "
-            f"tasks{within}; ask for at most {len(eligible)}, or leave env.{split}_tasks unset "
-            "for all of them"
-        )
-    return select_tasks(eligible, limit, seed)
-
-
 def few_shot_examples(env: Environment, count: int, max_steps: int = 4) -> list[Trajectory]:
     """The first `count` train tasks whose expert needs at most `max_steps` steps, played out."""
     examples = []
@@ -415,164 +364,3 @@ def few_shot_examples(env: Environment, count: int, max_steps: int = 4) -> list[
             if trajectory:
                 examples.append(trajectory)
     return examples
-
-
-def open_backend(inference, model_dir: str, tokenizer, sampling: bool = True) -> InferenceBackend:
-    """The backend `inference` (an `InferenceSettings`) names, for the model in `model_dir`;
-    `sampling=False` for a stage that decodes greedily only (`shared_vllm`)."""
-    if inference.backend == "openai":
-        return OpenAIBackend(inference.base_url, model_dir, tokenizer=tokenizer)
-    return shared_vllm(
-        model_dir,
-        inference.max_model_len,
-        inference.kv_cache_gib,
-        inference.block_size,
-        inference.kv_cache_dtype,
-        sampling,
-    )
-
-
-def rollout_to_store(
-    store: ArtifactStore,
-    stage: str,
-    model_url: str,
-    env_settings: EnvSettings,
-    task_ids: list[str],
-    prefix: list[Message],
-    inference,
-    max_steps: int,
-    sampling: SamplingSettings,
-    trajectories_url: str,
-    samples_per_task: int = 1,
-) -> StageResult:
-    """Roll the model out on `task_ids`, store the trajectories, and return their statistics
-    (the evaluate and explore stages publish them)."""
-    from transformers import AutoTokenizer
-
-    from envs import make_env
-
-    model_dir = str(store.local_dir(model_url))
-    chat = ChatTokenizer(AutoTokenizer.from_pretrained(model_dir))
-    settings = RolloutSettings(max_steps, inference.max_model_len, sampling)
-    env = make_env(env_settings)
-    env.check()
-    backend = open_backend(inference, model_dir, chat.tokenizer, sampling.temperature > 0)
-    started = time.perf_counter()
-    trajectories = run_batched(
-        env, task_ids, backend, chat, prefix, settings, samples_per_task=samples_per_task
-    )
-    seconds = time.perf_counter() - started
-    url = store.write_records(trajectories_url, trajectories)
-    raise_if_lost(trajectories, url)
-    endings = ending_counts(trajectories)
-    if endings["retried"]:
-        print(f"{stage}: {endings['retried']} episodes moved to another environment server")
-    stats = EpisodeStats.of(trajectories)
-    generated = sum(generated_tokens(t) for t in trajectories)
-    groups = reward_groups(trajectories)
-    group_metrics = (
-        {
-            "zero_variance_groups": zero_variance_share(groups),
-            "mixed_outcome_groups": mixed_outcome_share(trajectories),
-        }
-        if groups
-        else {}
-    )
-    return StageResult(
-        files={"trajectories": url},
-        counts={"episodes": stats.episodes, "successes": stats.successes, **endings},
-        metrics={
-            "success_rate": stats.success_rate,
-            "average_reward": stats.average_reward,
-            "average_steps": stats.average_steps,
-            "generated_tokens_per_episode": generated / len(trajectories) if trajectories else 0,
-            **episode_metric_means(trajectories),
-            **group_metrics,
-            "seconds": seconds,
-            "generated_tokens_per_s": generated / seconds if seconds else 0.0,
-            "deterministic_sampling": float(promises_determinism(backend)),
-        },
-        notes=determinism_notes(backend),
-    )
-
-
-def promises_determinism(backend: InferenceBackend) -> bool:
-    """Whether the backend says a re-run samples the same episodes; one that does not say
-    (a test's scripted backend, a new one) is taken to promise nothing."""
-    return bool(getattr(backend, "deterministic_sampling", False))
-
-
-def determinism_notes(backend: InferenceBackend) -> list[str]:
-    """What a manifest says when the backend cannot promise the same episodes on a re-run."""
-    if promises_determinism(backend):
-        return []
-    return [
-        f"{type(backend).__name__} does not promise reproducible samples: every request carries "
-        "its seed, but the engine's kernels or the server's batching can change its numbers, so a "
-        "re-run may sample different episodes (docs/determinism.md)."
-    ]
-
-
-def generated_tokens(trajectory: Trajectory) -> int:
-    """Tokens the model sampled in the episode (its replies' ids as generated)."""
-    return sum(len(m.token_ids or ()) for m in trajectory.messages)
-
-
-def episode_metric_means(trajectories: list[Trajectory]) -> dict[str, float]:
-    """The mean of each per-episode metric the environment measured (`Trajectory.metrics`), as
-    `episode_<name>`; an episode without a metric (one that could not start) counts as 0."""
-    names = sorted({name for t in trajectories for name in t.metrics})
-    n = len(trajectories)
-    return {f"episode_{k}": sum(t.metrics.get(k, 0.0) for t in trajectories) / n for k in names}
-
-
-def reward_groups(trajectories: list[Trajectory]) -> dict[str, list[float]]:
-    """Rewards per group id (sampled groups only)."""
-    groups: dict[str, list[float]] = {}
-    for t in trajectories:
-        if t.group_id is not None:
-            groups.setdefault(t.group_id, []).append(t.reward)
-    return groups
-
-
-def zero_variance_share(groups: dict[str, list[float]]) -> float:
-    """Share of groups whose samples all earned the same reward: a group-relative advantage is 0
-    on every one of their tokens, so they teach the policy nothing."""
-    flat = sum(1 for rewards in groups.values() if max(rewards) - min(rewards) < 1e-9)
-    return flat / len(groups) if groups else 0.0
-
-
-def mixed_outcome_share(trajectories: list[Trajectory]) -> float:
-    """Share of the sampled groups holding both a success and a failure: the groups a signal on
-    the outcome itself comes from (`rl.groups: mixed` trains on these alone)."""
-    groups = {t.group_id for t in trajectories if t.group_id is not None}
-    mixed = mixed_group_ids((t.group_id, t.success) for t in trajectories)
-    return len(mixed) / len(groups) if groups else 0.0
-
-
-class EpisodesLost(RuntimeError):
-    """Some episodes could not be played to an end because their environment was unreachable."""
-
-
-def raise_if_lost(trajectories: list[Trajectory], url: str) -> None:
-    """A stage with lost episodes fails instead of publishing: a lost episode is not the agent's
-    failure, and a re-run (servers back) plays the stage again instead of reusing it."""
-    lost = [t for t in trajectories if t.finish_reason.startswith("lost")]
-    if lost:
-        raise EpisodesLost(
-            f"{len(lost)} of {len(trajectories)} episodes were lost: no environment server could "
-            f"play them (first: task {lost[0].task_id}: {lost[0].finish_reason}). All episodes, "
-            f"with their reasons, are in {url}. Bring the servers back (env.servers) and re-run."
-        )
-
-
-def ending_counts(trajectories: list[Trajectory]) -> dict[str, int]:
-    """How episodes ended (ended_done, ended_max_steps, ended_error, ...) and how many moved to
-    another environment server on the way (`retried`: episodes, `recoveries`: moves)."""
-    counts: dict[str, int] = {}
-    for t in trajectories:
-        key = "ended_" + t.finish_reason.split(":")[0]
-        counts[key] = counts.get(key, 0) + 1
-    counts["retried"] = sum(1 for t in trajectories if t.recoveries)
-    counts["recoveries"] = sum(t.recoveries for t in trajectories)
-    return counts

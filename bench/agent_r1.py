@@ -422,16 +422,11 @@ def rollout_part(args, cfg) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers import AutoTokenizer
 
-    from agents.rollout import (
-        RolloutSettings,
-        agent_prefix,
-        episode_metric_means,
-        few_shot_examples,
-        run_batched,
-        task_list,
-    )
+    from agents.episode_metrics import episode_metric_means
+    from agents.rollout import RolloutSettings, agent_prefix, few_shot_examples, run_batched
     from bench.rollout_throughput import RequestLog, matmul_flops, model_shape, resolve_model
     from envs import make_env
+    from envs.task_selection import task_list
     from flywheel.chat import ChatTokenizer
     from flywheel.inference import SamplingSettings, VLLMBackend
 

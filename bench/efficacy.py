@@ -134,8 +134,8 @@ def recipe_settings(recipe: str, args) -> list[str]:
 def task_splits(recipe: str, overrides: list[str], seed: int) -> dict[str, list[str]]:
     """The train tasks a run of `recipe` trains on, and its validation and test tasks, as the
     flow computes them; refused when any two share a task."""
-    from agents.rollout import task_list
     from envs import make_env
+    from envs.task_selection import task_list
     from flywheel.settings import AgentRConfig, ETOConfig, load_config
     from tasks.evaluate import evaluation_splits
 

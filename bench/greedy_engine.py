@@ -48,14 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from transformers import AutoTokenizer
 
-    from agents.rollout import (
-        RolloutSettings,
-        agent_prefix,
-        few_shot_examples,
-        run_batched,
-        select_tasks,
-    )
+    from agents.rollout import RolloutSettings, agent_prefix, few_shot_examples, run_batched
     from envs import make_env
+    from envs.task_selection import select_tasks
     from flywheel.chat import ChatTokenizer
     from flywheel.inference import SamplingSettings, VLLMBackend, cpu_seeded_scheduling
 

@@ -101,14 +101,9 @@ def table(results: list[dict]) -> str:
 def run_episodes(args, dtype: str) -> tuple[Episodes, float]:
     from transformers import AutoTokenizer
 
-    from agents.rollout import (
-        RolloutSettings,
-        agent_prefix,
-        few_shot_examples,
-        run_batched,
-        task_list,
-    )
+    from agents.rollout import RolloutSettings, agent_prefix, few_shot_examples, run_batched
     from envs import make_env
+    from envs.task_selection import task_list
     from flywheel.chat import ChatTokenizer
     from flywheel.inference import SamplingSettings, VLLMBackend
     from flywheel.settings import EnvSettings, InferenceSettings, load_config_section

@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from agents.rollout import agent_prefix, task_list
+    from agents.rollout import agent_prefix
     from envs import make_env
+    from envs.task_selection import task_list
     from flywheel.settings import AgentR1Config, load_config
     from flywheel.stage import StageOutput
     from tasks.evaluate import EvaluateInputs, evaluate_stage

@@ -565,14 +565,9 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
     from transformers import AutoTokenizer
 
-    from agents.rollout import (
-        RolloutSettings,
-        agent_prefix,
-        few_shot_examples,
-        run_batched,
-        select_tasks,
-    )
+    from agents.rollout import RolloutSettings, agent_prefix, few_shot_examples, run_batched
     from envs import make_env
+    from envs.task_selection import select_tasks
     from flywheel.chat import ChatTokenizer
     from flywheel.inference import SamplingSettings, VLLMBackend
 

@@ -22,17 +22,11 @@ from pathlib import Path
 def play(out: str, tasks: int, kv_cache_gib: int, max_steps: int) -> None:
     from transformers import AutoTokenizer
 
-    from agents.rollout import (
-        RolloutSettings,
-        agent_prefix,
-        few_shot_examples,
-        open_backend,
-        run_batched,
-        task_list,
-    )
+    from agents.rollout import RolloutSettings, agent_prefix, few_shot_examples, run_batched
     from envs import make_env
+    from envs.task_selection import task_list
     from flywheel.chat import ChatTokenizer
-    from flywheel.inference import SamplingSettings
+    from flywheel.inference import SamplingSettings, open_backend
     from flywheel.settings import EnvSettings, InferenceSettings
 
     cache = Path(os.environ.get("FLYWHEEL_CACHE", ".cache/flywheel"))

@@ -152,8 +152,9 @@ def training_flops(
 
 
 def expert_data(count: int, max_expert_steps: int):
-    from agents.rollout import agent_prefix, task_list
+    from agents.rollout import agent_prefix
     from envs import make_env
+    from envs.task_selection import task_list
     from flywheel.records import Pair
     from flywheel.settings import EnvSettings
     from tasks.expert_data import collect_expert

@@ -538,3 +538,18 @@ class LockedVLLM(VLLMBackend):
     def score(self, prompts, continuations):
         with self._lock:
             return super().score(prompts, continuations)
+
+
+def open_backend(inference, model_dir: str, tokenizer, sampling: bool = True) -> InferenceBackend:
+    """The backend `inference` (an `InferenceSettings`) names, for the model in `model_dir`;
+    `sampling=False` for a stage that decodes greedily only (`shared_vllm`)."""
+    if inference.backend == "openai":
+        return OpenAIBackend(inference.base_url, model_dir, tokenizer=tokenizer)
+    return shared_vllm(
+        model_dir,
+        inference.max_model_len,
+        inference.kv_cache_gib,
+        inference.block_size,
+        inference.kv_cache_dtype,
+        sampling,
+    )

@@ -13,8 +13,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel, Field
 
-from agents.rollout import agent_prefix, task_list
+from agents.rollout import agent_prefix
 from envs import make_env
+from envs.task_selection import task_list
 from flywheel.records import Campaign, CampaignRound, Manifest
 from flywheel.stage import StageOutput
 from ops.campaign import new_round, run_campaign

@@ -156,8 +156,8 @@ def check_mlflow(cfg) -> None:
 def check_task_lists(cfg) -> None:
     """The environment can run (its servers answer), both splits keep at least one task under
     the config's filters, and there is an expert to start from."""
-    from agents.rollout import task_list
     from envs import make_env
+    from envs.task_selection import task_list
 
     env = make_env(cfg.env)
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from agents.rollout import generated_tokens
+from agents.episode_metrics import generated_tokens
 from flywheel.records import Trajectory
 from flywheel.settings import CalibrationSettings
 from flywheel.stage import StageResult, StageRun, stage

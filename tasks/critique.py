@@ -407,8 +407,8 @@ class CritiqueInputs(BaseModel):
 def critique_stage(inputs: CritiqueInputs, run: StageRun) -> StageResult:
     from transformers import AutoTokenizer
 
-    from agents.rollout import open_backend
     from envs import make_env
+    from flywheel.inference import open_backend
 
     store, inference = run.store, inputs.inference
     pairs = store.read_records(inputs.pairs_url, PathPair)

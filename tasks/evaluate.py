@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from agents.rollout import rollout_to_store, task_list
 from envs.base import Environment
+from envs.task_selection import task_list
 from flywheel.inference import SamplingSettings
 from flywheel.records import Message
 from flywheel.settings import EnvSettings, InferenceSettings
 from flywheel.stage import StageResult, StageRun, stage
+from tasks.episodes import rollout_to_store
 
 
 class EvaluateInputs(BaseModel):

@@ -32,16 +32,16 @@ from pydantic import BaseModel
 
 from agents.formats import AgentFormat, FinalAnswer, ParseError, make_format
 from agents.judge import Judge, Verdict, episode_steps
-from agents.rollout import (
-    Resume,
-    RolloutSettings,
-    continue_batched,
-    open_backend,
-    run_batched,
-)
+from agents.rollout import Resume, RolloutSettings, continue_batched, run_batched
 from envs.base import Environment
 from flywheel.chat import ChatTokenizer
-from flywheel.inference import InferenceBackend, OpenAIBackend, SamplingSettings, VLLMBackend
+from flywheel.inference import (
+    InferenceBackend,
+    OpenAIBackend,
+    SamplingSettings,
+    VLLMBackend,
+    open_backend,
+)
 from flywheel.records import Message, Trajectory
 from flywheel.settings import EnvSettings, FlywheelSettings, InferenceSettings, JudgeSettings
 from flywheel.stage import StageResult, StageRun, publish_markdown, stage

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from agents.rollout import rollout_to_store
 from flywheel.inference import SamplingSettings
 from flywheel.records import Message
 from flywheel.settings import EnvSettings, InferenceSettings
 from flywheel.stage import StageResult, StageRun, stage
+from tasks.episodes import rollout_to_store
 
 
 def shard(task_ids: list[str], shards: int, samples_per_task: int) -> list[list[str]]:

@@ -61,9 +61,9 @@ class MCTSInputs(BaseModel):
 def mcts_stage(inputs: MCTSInputs, run: StageRun) -> StageResult:
     from transformers import AutoTokenizer
 
-    from agents.rollout import open_backend
     from envs import make_env
     from flywheel.chat import ChatTokenizer
+    from flywheel.inference import open_backend
 
     store = run.store
     model_dir = str(store.local_dir(inputs.model_url))

@@ -14,14 +14,8 @@ import httpx
 import pytest
 from scripted_policy import NoisyExpertBackend
 
-from agents.rollout import (
-    EpisodesLost,
-    RolloutSettings,
-    agent_prefix,
-    ending_counts,
-    raise_if_lost,
-    run_batched,
-)
+from agents.episode_metrics import ending_counts
+from agents.rollout import RolloutSettings, agent_prefix, run_batched
 from envs import make_env
 from envs.agentgym import (
     DIALECTS,
@@ -35,6 +29,7 @@ from envs.agentgym import (
 )
 from envs.serve import LocalServer
 from flywheel.settings import ConfigError, EnvSettings
+from tasks.episodes import EpisodesLost, raise_if_lost
 
 FAST = ClientSettings(timeout_s=2.0, connect_timeout_s=0.5, retries=1, backoff_s=0.05)
 

@@ -3,8 +3,8 @@ hand: episode statistics, how episodes ended, tree counts, the results table."""
 
 from __future__ import annotations
 
+from agents.episode_metrics import ending_counts
 from agents.mcts import SearchTree, TreeNode
-from agents.rollout import ending_counts
 from flywheel.records import EpisodeStats, Manifest, Message, Trajectory
 from tasks.mcts import tree_counts
 from tasks.report import markdown_table, results_rows

@@ -73,8 +73,8 @@ def test_cli_refuses_more_tasks_than_the_split_holds(tmp_path, capsys, override,
 
 
 def test_all_tasks_of_the_split_may_be_asked_for(tmp_path):
-    from agents.rollout import task_list
     from envs import make_env
+    from envs.task_selection import task_list
 
     cfg = load_config(ETOConfig, None, ["env.max_expert_steps=4", "env.test_tasks=26"])
     assert len(task_list(make_env(cfg.env), "test", cfg.env, cfg.seed)) == 26

@@ -59,7 +59,7 @@ def test_batched_rollout_steps_all_live_episodes_together(chat):
 
 
 def test_curriculum_filter_keeps_tasks_within_the_expert_step_limit():
-    from agents.rollout import within_expert_steps
+    from envs.task_selection import within_expert_steps
 
     env = make_env("textcraft")
     train = env.task_ids("train")
@@ -120,7 +120,7 @@ def test_replies_keep_the_ids_the_model_generated_not_the_retokenised_text(chat)
 
 def test_a_rollout_stage_publishes_its_averages(tmp_path, tiny_model_dir, chat, monkeypatch):
     """Two episodes, one solved in its expert's steps and one never parsed, averaged by hand."""
-    import agents.rollout as rollout
+    import tasks.episodes as episodes
     from flywheel.inference import SamplingSettings
     from flywheel.records import Trajectory
     from flywheel.settings import EnvSettings, InferenceSettings
@@ -131,9 +131,9 @@ def test_a_rollout_stage_publishes_its_averages(tmp_path, tiny_model_dir, chat, 
     plan = env.expert_plan(solved)  # 4 steps
     backend = ScriptedBackend(chat, {solved: [format_reply(t, a) for t, a in plan],
                                      garbage: ["hello"] * 10})  # fmt: skip
-    monkeypatch.setattr(rollout, "open_backend", lambda *args: backend)
+    monkeypatch.setattr(episodes, "open_backend", lambda *args: backend)
     store = ArtifactStore(str(tmp_path / "store"))
-    manifest = rollout.rollout_to_store(
+    manifest = episodes.rollout_to_store(
         store, "evaluate", f"file://{tiny_model_dir}", EnvSettings(), [solved, garbage],
         agent_prefix(env, []), InferenceSettings(), 6, SamplingSettings(),
         store.url("eval/trajectories.jsonl"),
@@ -252,14 +252,16 @@ def test_the_sequential_rollout_shows_one_bar_over_its_episodes(chat, capsys):
 
 
 def test_open_backend_follows_the_inference_settings(monkeypatch):
-    import agents.rollout as rollout
+    import flywheel.inference as inference_module
     from flywheel.inference import OpenAIBackend
     from flywheel.settings import InferenceSettings
 
     engines = []
-    monkeypatch.setattr(rollout, "shared_vllm", lambda *args: engines.append(args) or "engine")
+    monkeypatch.setattr(
+        inference_module, "shared_vllm", lambda *args: engines.append(args) or "engine"
+    )
     server = InferenceSettings(backend="openai", base_url="http://127.0.0.1:9/")
-    backend = rollout.open_backend(server, "/models/m", tokenizer="tok")
+    backend = inference_module.open_backend(server, "/models/m", tokenizer="tok")
     assert isinstance(backend, OpenAIBackend)
     assert (backend.base_url, backend.model, backend.tokenizer) == (
         "http://127.0.0.1:9",
@@ -268,11 +270,11 @@ def test_open_backend_follows_the_inference_settings(monkeypatch):
     )
     assert engines == []
     local = InferenceSettings(max_model_len=2048, kv_cache_gib=3, block_size=64)
-    assert rollout.open_backend(local, "/models/m", "tok") == "engine"
+    assert inference_module.open_backend(local, "/models/m", "tok") == "engine"
     assert engines == [("/models/m", 2048, 3, 64, "auto", True)]
     engines.clear()
     fp8 = InferenceSettings(max_model_len=2048, kv_cache_gib=3, block_size=64, kv_cache_dtype="fp8")
-    rollout.open_backend(fp8, "/models/m", "tok", sampling=False)
+    inference_module.open_backend(fp8, "/models/m", "tok", sampling=False)
     assert engines == [("/models/m", 2048, 3, 64, "fp8", False)]
 
 
@@ -353,7 +355,7 @@ def test_a_greedy_only_engine_refuses_a_sampled_call():
 def published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories, clock=(10.0, 12.5)):
     """`rollout_to_store` with the episodes replaced by `trajectories` and a clock that reads
     `clock` before and after them; returns its result, the store, the calls and the inputs."""
-    import agents.rollout as rollout
+    import tasks.episodes as episodes
     from flywheel.inference import SamplingSettings
     from flywheel.records import Message
     from flywheel.settings import EnvSettings, InferenceSettings
@@ -366,21 +368,21 @@ def published_stage(tmp_path, tiny_model_dir, monkeypatch, trajectories, clock=(
         assert tokenizer.name_or_path == model_dir
         return "backend"
 
-    monkeypatch.setattr(rollout, "open_backend", open_backend)
+    monkeypatch.setattr(episodes, "open_backend", open_backend)
 
     def run_batched(*args, samples_per_task):
         calls.append((*args, samples_per_task))
         return trajectories
 
-    monkeypatch.setattr(rollout, "run_batched", run_batched)
-    monkeypatch.setattr(rollout, "time", SimpleNamespace(perf_counter=lambda: next(readings)))
+    monkeypatch.setattr(episodes, "run_batched", run_batched)
+    monkeypatch.setattr(episodes, "time", SimpleNamespace(perf_counter=lambda: next(readings)))
     store = ArtifactStore(str(tmp_path / "store"))
     prefix = [Message(role="system", content="S")]
     inference = InferenceSettings(max_model_len=1024)
     sampling = SamplingSettings(temperature=0.5, max_tokens=7)
     args = (store, "explore", f"file://{tiny_model_dir}", EnvSettings(), ["a", "b"], prefix,
             inference, 9, sampling, store.url("explore", "trajectories.jsonl"))  # fmt: skip
-    return rollout.rollout_to_store(*args), store, calls, args
+    return episodes.rollout_to_store(*args), store, calls, args
 
 
 def played(task_id, reward, success, steps, finish, recoveries=0, generated=()):
@@ -447,7 +449,7 @@ def test_a_rollout_stage_with_no_time_measured_reports_zero_tokens_per_second(
 def test_an_evaluate_stage_is_keyed_on_every_input_and_reused_for_the_same_ones(
     tmp_path, tiny_model_dir, monkeypatch
 ):
-    import agents.rollout as rollout
+    import tasks.episodes as episodes
     from flywheel.inference import SamplingSettings
     from flywheel.records import Message
     from flywheel.settings import EnvSettings, InferenceSettings
@@ -457,9 +459,9 @@ def test_an_evaluate_stage_is_keyed_on_every_input_and_reused_for_the_same_ones(
 
     calls = []
     monkeypatch.setattr(
-        rollout, "open_backend", lambda inference, model_dir, tok, sampling: "backend"
+        episodes, "open_backend", lambda inference, model_dir, tok, sampling: "backend"
     )
-    monkeypatch.setattr(rollout, "run_batched",
+    monkeypatch.setattr(episodes, "run_batched",
                         lambda *args, **kw: calls.append(args) or [played("a", 1.0, True, 1, "done")])  # fmt: skip
     store = ArtifactStore(str(tmp_path / "store"))
     inputs = EvaluateInputs(
@@ -475,7 +477,7 @@ def test_an_evaluate_stage_is_keyed_on_every_input_and_reused_for_the_same_ones(
     (_, task_ids, _, _, prefix, settings) = calls[0]
     assert (task_ids, prefix) == (["a", "b"], inputs.prefix)
     # Evaluation is greedy, at the inference settings' reply length.
-    assert settings == rollout.RolloutSettings(
+    assert settings == episodes.RolloutSettings(
         max_steps=9, max_model_len=1024, sampling=SamplingSettings(temperature=0.0, max_tokens=7)
     )
     # Another value of any input is another stage: played again.
@@ -489,9 +491,9 @@ def test_an_evaluate_stage_is_keyed_on_every_input_and_reused_for_the_same_ones(
 def test_a_rollout_stage_with_lost_episodes_stores_them_all_then_fails_naming_the_file(
     tmp_path, tiny_model_dir, monkeypatch
 ):
-    from agents.rollout import EpisodesLost
     from flywheel.records import Trajectory
     from flywheel.storage import ArtifactStore
+    from tasks.episodes import EpisodesLost
 
     trajectories = [played("a", 1.0, True, 1, "done"), played("b", 0.0, False, 1, "lost: gone")]
     with pytest.raises(EpisodesLost) as error:
@@ -502,7 +504,7 @@ def test_a_rollout_stage_with_lost_episodes_stores_them_all_then_fails_naming_th
 
 
 def test_a_stage_with_lost_episodes_fails_and_names_the_first(tmp_path):
-    from agents.rollout import EpisodesLost, raise_if_lost
+    from tasks.episodes import EpisodesLost, raise_if_lost
 
     trajectories = [
         played("a", 1.0, True, 1, "done"),
@@ -540,7 +542,7 @@ def tasks_setting(train=None, test=None, max_expert_steps=None):
 
 
 def test_the_expert_step_limit_keeps_plans_of_one_to_limit_steps():
-    from agents.rollout import within_expert_steps
+    from envs.task_selection import within_expert_steps
 
     env = PlannedEnv({"none": None, "empty": 0, "one": 1, "two": 2, "three": 3}, {})
     ids = env.task_ids("train")
@@ -551,7 +553,7 @@ def test_the_expert_step_limit_keeps_plans_of_one_to_limit_steps():
 
 
 def test_a_task_list_is_the_eligible_tasks_or_a_seeded_sample_in_split_order():
-    from agents.rollout import select_tasks, task_list
+    from envs.task_selection import select_tasks, task_list
 
     train = {f"r{i}": 1 + i % 4 for i in range(10)}  # r3 and r7 need 4 steps
     env = PlannedEnv(train, {"s0": 1, "s1": 5, "s2": 2})
@@ -571,7 +573,7 @@ def test_a_task_list_is_the_eligible_tasks_or_a_seeded_sample_in_split_order():
 
 
 def test_a_task_list_that_cannot_be_had_names_the_setting_to_change():
-    from agents.rollout import task_list
+    from envs.task_selection import task_list
     from flywheel.settings import ConfigError
 
     env = PlannedEnv({"a": 3, "b": 5, "c": None}, {"x": 1, "y": 2})
@@ -663,7 +665,7 @@ def test_a_rollout_stage_with_no_episode_reports_zeros(tmp_path, tiny_model_dir,
 
 
 def test_group_rewards_and_the_share_of_groups_without_variance():
-    from agents.rollout import reward_groups, zero_variance_share
+    from agents.episode_metrics import reward_groups, zero_variance_share
 
     trajectories = [
         played("a", 1.0, True, 1, "done").model_copy(update={"group_id": "a"}),
@@ -679,7 +681,7 @@ def test_group_rewards_and_the_share_of_groups_without_variance():
 
 
 def test_the_share_of_groups_with_both_a_success_and_a_failure():
-    from agents.rollout import mixed_outcome_share
+    from agents.episode_metrics import mixed_outcome_share
 
     def grouped(task: str, solved: bool, group: str | None):
         return played(task, float(solved), solved, 1, "done").model_copy(update={"group_id": group})

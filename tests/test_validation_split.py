@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from agents.rollout import few_shot_examples, task_list
+from agents.rollout import few_shot_examples
 from envs import make_env
 from envs.base import ValidationSplit
+from envs.task_selection import task_list
 from flywheel.settings import ConfigError, EnvSettings, ETOConfig
 from tasks.evaluate import evaluation_splits
 
