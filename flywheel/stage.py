@@ -189,6 +189,18 @@ def stage_task(name: str):
     return decorate
 
 
+def report_task(name: str):
+    """A flow run's report (results table, behaviour table): a Prefect task that is never cached,
+    because every flow run writes its own report into its own MLflow parent run and Prefect
+    artifacts. Not a stage: it has no key or manifest and plays or trains nothing; the stages
+    whose manifests it reads are cached."""
+
+    def decorate(function):
+        return Task(function, name=name, cache_policy=NO_CACHE, persist_result=False)
+
+    return decorate
+
+
 def cache_inputs(name: str, inputs: BaseModel) -> dict:
     """What a stage's result is keyed on (with the content of every artifact URL among them and
     the stage's code version, `ArtifactStore.stage_key`): its name and every field of its

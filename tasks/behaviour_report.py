@@ -14,13 +14,11 @@ from __future__ import annotations
 import base64
 import io
 
-from prefect import task
-
 from agents.behaviour import BehaviourMetrics, behaviour_metrics, episode_summary
 from agents.formats import AgentFormat, ToolCall, make_format
 from flywheel.confidence import wilson_interval
 from flywheel.records import Manifest, Trajectory
-from flywheel.stage import TrackingRef, publish_markdown
+from flywheel.stage import TrackingRef, publish_markdown, report_task
 from flywheel.storage import ArtifactStore
 
 AXES = ("correctness", "efficiency", "conciseness", "successful execution", "brevity")
@@ -129,7 +127,7 @@ def behaviour_table(rows: list[dict]) -> str:
     return "\n".join(lines) + f"\n\n{JUDGE_NOTE}.\n"
 
 
-@task(name="behaviour-report")
+@report_task("behaviour-report")
 def behaviour_report(
     store_url: str,
     run_url: str,

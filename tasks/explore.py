@@ -35,18 +35,26 @@ class ExploreInputs(BaseModel):
     logprobs: bool = False  # record the sampler's log-probability of each generated token
 
 
-@stage("explore-shard")
-def explore_stage(inputs: ExploreInputs, run: StageRun) -> StageResult:
+def play_and_store(inputs: ExploreInputs, run: StageRun) -> StageResult:
     sampling = SamplingSettings(
         temperature=inputs.temperature, max_tokens=inputs.inference.max_tokens, seed=inputs.seed,
         logprobs=inputs.logprobs,
     )  # fmt: skip
     return rollout_to_store(
-        run.store, "explore", inputs.model_url, inputs.env, inputs.task_ids, inputs.prefix,
+        run.store, run.name, inputs.model_url, inputs.env, inputs.task_ids, inputs.prefix,
         inputs.inference, inputs.max_steps, sampling, run.file("trajectories.jsonl"),
         samples_per_task=inputs.samples_per_task,
     )  # fmt: skip
 
 
-# Agent-R1's name for the same body: a group of sampled episodes per question, with log-probs.
-sample_stage = stage("sample")(explore_stage.body)
+@stage("explore-shard")
+def explore_stage(inputs: ExploreInputs, run: StageRun) -> StageResult:
+    """ETO's exploration: one shard of the policy's episodes on train tasks."""
+    return play_and_store(inputs, run)
+
+
+@stage("sample")
+def sample_stage(inputs: ExploreInputs, run: StageRun) -> StageResult:
+    """Agent-R1's and ET-Agent's groups: `samples_per_task` sampled episodes per question, with
+    their log-probabilities."""
+    return play_and_store(inputs, run)

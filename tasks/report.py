@@ -12,12 +12,11 @@ from __future__ import annotations
 import base64
 import io
 
-from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flywheel.confidence import gained_and_lost, mcnemar_exact, paired_bootstrap, wilson_interval
 from flywheel.records import Manifest, Trajectory
-from flywheel.stage import TrackingRef, artifact_key
+from flywheel.stage import TrackingRef, artifact_key, report_task
 from flywheel.storage import ArtifactStore
 
 
@@ -220,7 +219,7 @@ def report_markdown(
     return text
 
 
-@task(name="report")
+@report_task("report")
 def report_stage(
     store_url: str,
     run_url: str,
