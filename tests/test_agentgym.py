@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import signal
 import threading
 import time
 from pathlib import Path
@@ -169,6 +170,41 @@ def test_a_restarted_server_gets_the_episode_recreated_and_replayed(textcraft):
         assert episode.recoveries == 1
     finally:
         server.kill()
+
+
+def test_a_server_killed_with_a_step_in_flight_moves_the_episode_and_applies_the_step_once(
+    textcraft,
+):
+    """A real kill meeting a request: the episode's server is stopped (SIGSTOP) so that its next
+    step request is surely in flight, unanswered, then SIGKILLed. The client sees the connection
+    die, re-creates the episode on the other server, replays the earlier step and sends the
+    in-flight one once: the results equal an undisturbed episode's."""
+    task_id = textcraft.task_ids("train")[0]
+    plan = [a for _, a in textcraft.expert_plan(task_id)]
+    undisturbed = textcraft.start(task_id)
+    expected = [undisturbed.step(a) for a in plan]
+
+    doomed, survivor = LocalServer("--env", "textcraft"), LocalServer("--env", "textcraft")
+    try:
+        remote = RemoteEnv(textcraft, [doomed.url, survivor.url], FAST)
+        episode = remote.start(task_id)
+        assert episode.server.url == doomed.url  # the first server takes the first episode
+        results = [episode.step(plan[0])]
+        doomed.process.send_signal(signal.SIGSTOP)  # accepts connections, answers nothing
+        in_flight = threading.Thread(target=lambda: results.append(episode.step(plan[1])))
+        in_flight.start()
+        time.sleep(0.5)  # well inside FAST's 2 s timeout: the request waits on the stopped server
+        assert in_flight.is_alive(), "the step was answered before the kill"
+        doomed.kill()
+        in_flight.join(10)
+        results += [episode.step(a) for a in plan[2:]]
+    finally:
+        doomed.kill()
+        survivor.kill()
+    assert episode.server.url == survivor.url and episode.recoveries == 1
+    assert [(r.observation, r.reward, r.done) for r in results] == [
+        (r.observation, r.reward, r.done) for r in expected
+    ]
 
 
 def test_all_servers_gone_records_every_episode_as_lost(textcraft, chat):
