@@ -182,7 +182,10 @@ def check_configs(steps: list[Step], model_dir: Path) -> list[str]:
     """Parse every config and override the flow steps use; a problem raises."""
     import yaml
 
-    from flywheel.settings import AgentR1Config, ETOConfig, accelerate_config_file, load_config
+    from flows.agent_r1 import AgentR1Config
+    from flows.eto import ETOConfig
+    from flywheel.config_files import load_config
+    from flywheel.settings import accelerate_config_file
 
     checked = []
     for name in ACCELERATE:

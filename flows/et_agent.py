@@ -27,15 +27,47 @@ from __future__ import annotations
 import sys
 
 from prefect import flow
+from pydantic import Field, model_validator
 
-from flows.agent_r1 import AgentR1
+from flows.agent_r1 import AgentR1, SampleSettings, ToolRecipeConfig
 from flywheel.records import Manifest
-from flywheel.settings import ETAgentConfig
+from flywheel.settings import SFTSettings
 from ops.driver import RoundResult, RoundState, run_all_rounds, run_next_round
 from ops.runner import cli_main, run_named
 from tasks.behaviour_report import behaviour_report
-from tasks.calibrate import CalibrateInputs, calibrate_stage
-from tasks.evolve import EvolveInputs, flywheel_stage
+from tasks.calibrate import CalibrateInputs, CalibrationSettings, calibrate_stage
+from tasks.evolve import EvolveInputs, FlywheelSettings, flywheel_stage
+
+
+class ETAgentConfig(ToolRecipeConfig):
+    """One ET-Agent run on a tool environment: the warm start (SFT on the solver's tool
+    trajectories), the data flywheel on train questions and SFT on its correct trajectories (the
+    RFT policy), then `rounds` curriculum stages of behaviour-calibration RL: groups sampled →
+    Pareto-selected → efficiency-rewarded → RL, each stage from the last one's policy."""
+
+    run_name: str = "et-agent-qa"
+    rounds: int = Field(default=2, ge=0)  # curriculum stages
+    # Train questions the flywheel rolls out and evolves (a seeded slice of all of them).
+    flywheel_tasks: int = Field(default=64, ge=1)
+    rft: SFTSettings = Field(default_factory=SFTSettings)  # SFT on the flywheel's trajectories
+    # K = 8 episodes per question, stages easy first; a `sample` section changes only what it names
+    sample: SampleSettings = Field(
+        default_factory=lambda: SampleSettings(samples_per_task=8, curriculum="tool-calls")
+    )
+    calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
+    flywheel: FlywheelSettings = Field(default_factory=FlywheelSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _paper_sampling(cls, data):
+        if isinstance(data, dict):
+            given = data.get("sample") or {}
+            if isinstance(given, dict):
+                data = {
+                    **data,
+                    "sample": {"samples_per_task": 8, "curriculum": "tool-calls", **given},
+                }
+        return data
 
 
 class ETAgent(AgentR1):

@@ -21,7 +21,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
-from flywheel.settings import settings_class_of
+from flywheel.config_files import settings_class_of
 
 # Comments that tell tools something, not people.
 PRAGMA = re.compile(r"^(fmt:|noqa|type:|pragma)")

@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 
 from prefect import flow
 
+from flywheel.config_files import ConfigError
 from flywheel.records import FailedStage
-from flywheel.settings import ConfigError
 from flywheel.stage import (
     TrackingRef,
     artifact_key,
@@ -439,7 +439,7 @@ def run_named(config_class):
 def recipe_config(config_class, config: dict | None, config_file: str | None, overrides):
     """A recipe flow's parameters → its checked config: `config` (a mapping) or `config_file`
     (YAML), then `overrides` (`key=value`) on top."""
-    from flywheel.settings import load_config, validate_config
+    from flywheel.config_files import load_config, validate_config
 
     if config is not None:
         return validate_config(config_class, config)
@@ -454,8 +454,8 @@ def cli_main(
     import argparse
     import sys
 
+    from flywheel.config_files import load_config
     from flywheel.setting_docs import settings_help
-    from flywheel.settings import load_config
 
     parser = argparse.ArgumentParser(
         prog=prog,

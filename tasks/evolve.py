@@ -27,8 +27,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, model_validator
 
 from agents.formats import AgentFormat, FinalAnswer, ParseError, make_format
 from agents.judge import Judge, Verdict, episode_steps
@@ -43,8 +44,54 @@ from envs.base import Environment
 from flywheel.chat import ChatTokenizer
 from flywheel.inference import InferenceBackend, OpenAIBackend, SamplingSettings, VLLMBackend
 from flywheel.records import Message, Trajectory
-from flywheel.settings import EnvSettings, FlywheelSettings, InferenceSettings, JudgeSettings
+from flywheel.settings import (
+    EnvSettings,
+    InferenceSettings,
+    Strict,
+)
 from flywheel.stage import StageResult, StageRun, publish_markdown, stage
+
+
+class JudgeSettings(Strict):
+    """The model that names a trajectory's redundant step or its first flaw (`agents.judge`).
+
+    "policy": the policy model itself, on its own backend; "vllm": a local model folder in its
+    own in-process engine (beside the policy's: both must fit in memory); "openai": a model
+    served at `base_url` (any OpenAI-compatible completions endpoint). A reply without a step
+    number, a failed call or one past `timeout_s` falls back to the rule-based verdict."""
+
+    # Policy, vllm or openai (see the class docstring).
+    kind: Literal["policy", "vllm", "openai"] = "policy"
+    model: str | None = None  # vllm: a model folder; openai: the served model's name
+    base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000
+    max_tokens: int = Field(default=64, ge=1)  # per judge reply
+    timeout_s: float = Field(default=120.0, gt=0)  # per batched judge call
+
+    @model_validator(mode="after")
+    def _kind_has_what_it_needs(self) -> JudgeSettings:
+        if self.kind in ("vllm", "openai") and not self.model:
+            where = "a model folder" if self.kind == "vllm" else "the served model's name"
+            raise ValueError(f"judge.kind {self.kind!r} needs judge.model ({where})")
+        if self.kind == "openai" and not self.base_url:
+            raise ValueError("judge.kind 'openai' needs judge.base_url (e.g. http://host:8000)")
+        if self.kind == "policy" and (self.model or self.base_url):
+            raise ValueError(
+                "judge.kind 'policy' judges with the policy model: leave judge.model and "
+                "judge.base_url unset, or set judge.kind to 'vllm' or 'openai'"
+            )
+        return self
+
+
+class FlywheelSettings(Strict):
+    """ET-Agent's flywheel: rounds of evolving each question's best unused trajectory (a correct
+    one enhanced, a wrong one reflected); a trajectory is correct when its answer's token F1
+    exceeds `success_f1` (exact match where the episode has no F1)."""
+
+    rounds: int = Field(default=3, ge=0)  # rounds of evolving trajectories
+    temperature: float = Field(default=0.7, ge=0.0)  # the policy's sampling in every round
+    success_f1: float = Field(default=0.8, ge=0.0, le=1.0)  # a trajectory above this F1 is correct
+    judge: JudgeSettings = Field(default_factory=JudgeSettings)
+
 
 OPERATORS = (
     "rollout",

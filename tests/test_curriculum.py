@@ -8,9 +8,9 @@ import pytest
 from conftest import tiny_tool_recipe
 
 from envs.qa_data import QARecord
-from flows.agent_r1 import AgentR1, easy_first_slice
-from flows.et_agent import ETAgent
-from flywheel.settings import AgentR1Config, ETAgentConfig, round_slice
+from flows.agent_r1 import AgentR1, AgentR1Config, easy_first_slice
+from flows.et_agent import ETAgent, ETAgentConfig
+from flywheel.settings import round_slice
 from flywheel.storage import ArtifactStore
 
 

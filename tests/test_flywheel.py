@@ -12,10 +12,16 @@ from agents.rollout import Resume, RolloutSettings, agent_prefix, continue_batch
 from envs import make_env
 from flywheel.inference import SamplingSettings
 from flywheel.records import Message, Trajectory
-from flywheel.settings import EnvSettings, FlywheelSettings, InferenceSettings, JudgeSettings
+from flywheel.settings import EnvSettings, InferenceSettings
 from flywheel.stage import StageOutput
 from flywheel.storage import ArtifactStore
-from tasks.evolve import EvolveInputs, FlywheelRecord, flywheel_stage
+from tasks.evolve import (
+    EvolveInputs,
+    FlywheelRecord,
+    FlywheelSettings,
+    JudgeSettings,
+    flywheel_stage,
+)
 from tests.scripted_qa import NO_CALL, PlannedQABackend, ScriptedJudgeBackend
 
 HINT = Message(role="user", content="Your previous step was wrong: try again.")

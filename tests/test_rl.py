@@ -10,8 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from flywheel.config_files import ConfigError, validate_config  # noqa: E402
 from flywheel.records import Message, Trajectory  # noqa: E402
-from flywheel.settings import ConfigError, RLSettings, validate_config  # noqa: E402
+from flywheel.settings import RLSettings  # noqa: E402
 from training import rl  # noqa: E402
 from training.advantages import (  # noqa: E402
     gae_advantages,

@@ -102,7 +102,8 @@ def test_stage_settings_reach_trls_arguments():
 
 # Config checks that need no trainer (they lived in the slow test_distributed_training).
 def test_batch_size_must_split_evenly_over_processes():
-    from flywheel.settings import ConfigError, ETOConfig, validate_config
+    from flows.eto import ETOConfig
+    from flywheel.config_files import ConfigError, validate_config
 
     with pytest.raises(ConfigError, match="multiple of num_processes"):
         validate_config(ETOConfig, {"sft": {"batch_size": 3, "num_processes": 2}})

@@ -10,7 +10,9 @@ from pydantic import ValidationError
 from agents.rollout import few_shot_examples, task_list
 from envs import make_env
 from envs.base import ValidationSplit
-from flywheel.settings import ConfigError, EnvSettings, ETOConfig
+from flows.eto import ETOConfig
+from flywheel.config_files import ConfigError
+from flywheel.settings import EnvSettings
 from tasks.evaluate import evaluation_splits
 
 
