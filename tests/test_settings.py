@@ -209,3 +209,14 @@ def test_a_schedule_entry_cannot_repeat_a_setting_through_trl_args_either():
     with pytest.raises(ConfigError, match="schedule entry 0 .*set beta instead"):
         validate_config(ETOConfig, {"dpo": {"schedule": [entry]}})
     validate_config(ETOConfig, {"dpo": {"trl_args": {"loss_type": "ipo"}}})  # a trl-only argument
+
+
+@pytest.mark.parametrize(
+    "override, new", [("flywheel.rounds=1", "evolve"), ("flywheel_tasks=8", "evolve_tasks")]
+)
+def test_et_agents_renamed_keys_are_refused_naming_the_new_key(override, new):
+    """`flywheel` and `flywheel_tasks` were named after the paper's "data flywheel"; a config that
+    still sets them would otherwise run the defaults without a word."""
+    with pytest.raises(ConfigError, match=f"is now called {new}: write {new} instead"):
+        load_config(ETAgentConfig, None, [override])
+    assert load_config(ETAgentConfig, None, ["evolve.rounds=1"]).evolve.rounds == 1
