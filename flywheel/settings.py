@@ -359,8 +359,9 @@ class LoRASettings(Strict):
     publish: Literal["merged", "adapter"] = "merged"
 
 
-# trl arguments that the stages set from a setting (tasks/sft.py, tasks/dpo.py): trl name ->
-# setting. `seed` is the run's.
+# trl arguments that a setting sets (tasks/sft.py, tasks/dpo.py; `seed` is the run's, the job's
+# own field, training/job.py): trl name -> setting. One key per setting: `trl_args` may not set
+# them again (`TrainerSettings._trl_args_do_not_repeat_settings`).
 SETTINGS_TRL_ARGS = {
     "learning_rate": "learning_rate", "num_train_epochs": "epochs", "beta": "beta",
     "gradient_accumulation_steps": "batch_size", "max_length": "max_length",
@@ -370,21 +371,34 @@ SETTINGS_TRL_ARGS = {
 
 class TrainerSettings(Strict):
     """What SFT, DPO and RL share: `batch_size` sequences per optimizer step, split evenly over
-    `num_processes` training processes."""
+    `num_processes` training processes. A stage hands its settings to its trainer process whole,
+    in the job file (`training.job.TrainingJob`)."""
 
-    batch_size: int
-    num_processes: int
+    batch_size: int  # each trainer sets its own default
+    # Training processes: >1 launches `accelerate launch` (GPUs) or torchrun (CPU, gloo); each
+    # takes batch_size / num_processes of every step's sequences.
+    num_processes: int = Field(default=1, ge=1)
     # `accelerate launch` config for the training processes: ddp, zero2, zero3 (DeepSpeed ZeRO
     # stages, configs/accelerate/) or a path to one's own. Unset: DDP on GPUs, torchrun on a CPU.
     accelerate_config: str | None = None
     # LoRA adapters instead of full training (docs/lora.md); replaces frozen_layers.
     lora: LoRASettings = Field(default_factory=LoRASettings)
+    # Tokens per sequence (a trajectory, or a DPO pair); longer ones are cut or left out, and
+    # counted in the trainer's metrics.
+    max_length: int = Field(default=2048, ge=64)
+    # Bottom transformer layers kept frozen (with the embeddings); backward stops above them,
+    # which makes a step much cheaper on a CPU. 0 trains everything.
+    frozen_layers: int = Field(default=0, ge=0)
+    # Optimizer steps between checkpoints into the stage's folder in the store, from which a
+    # killed stage resumes (training/checkpoint.py, docs/checkpoints.md); 0 turns them off.
+    # Not keyed: a resumed run trains the same weights (tests/test_checkpoint_resume.py).
+    checkpoint_every_steps: int = Field(default=50, ge=0, json_schema_extra=NOT_KEYED)
 
     @model_validator(mode="after")
     def _lora_replaces_frozen_layers(self):
         if not self.lora.enabled:
             return self
-        if getattr(self, "frozen_layers", 0):
+        if self.frozen_layers:
             raise ValueError(
                 f"lora.enabled trains adapters on frozen base weights: frozen_layers="
                 f"{self.frozen_layers} would freeze nothing more; set frozen_layers=0"
@@ -442,18 +456,6 @@ class SFTSettings(TrainerSettings):
     # padding a batch to its longest member costs more than batching saves; as one batch on a
     # GPU (training/job.py `batched_on_gpu`; trl_args.per_device_train_batch_size overrides).
     batch_size: int = Field(default=4, ge=1)
-    # Tokens per sequence; longer ones are cut or left out.
-    max_length: int = Field(default=2048, ge=64)
-    # Training processes: >1 launches `accelerate launch` (GPUs) or torchrun (CPU, gloo); each
-    # takes batch_size / num_processes of every step's sequences.
-    num_processes: int = Field(default=1, ge=1)
-    # Bottom transformer layers kept frozen (with the embeddings); backward stops above them,
-    # which makes a step much cheaper on a CPU. 0 trains everything.
-    frozen_layers: int = Field(default=0, ge=0)
-    # Optimizer steps between checkpoints into the stage's folder in the store, from which a
-    # killed stage resumes (training/checkpoint.py, docs/checkpoints.md); 0 turns them off.
-    # Not keyed: a resumed run trains the same weights (tests/test_checkpoint_resume.py).
-    checkpoint_every_steps: int = Field(default=50, ge=0, json_schema_extra=NOT_KEYED)
     trl_args: dict[str, Any] = Field(default_factory=dict)  # more of trl's config, passed unchanged
 
 
@@ -465,16 +467,14 @@ class DPOSettings(TrainerSettings):
     learning_rate: float = Field(default=1e-6, gt=0)  # peak learning rate
     epochs: float = Field(default=3.0, gt=0)  # passes over the pairs
     batch_size: int = Field(default=2, ge=1)  # pairs per optimizer step
-    max_length: int = Field(default=2048, ge=64)  # tokens per pair; pairs longer are left out
     # ETO keeps a failed exploration up to the expert's length plus this many turns.
     rejected_extra_turns: int = Field(default=5, ge=0)
-    num_processes: int = Field(default=1, ge=1)  # as in SFTSettings
-    frozen_layers: int = Field(default=0, ge=0)  # as in SFTSettings
-    checkpoint_every_steps: int = Field(default=50, ge=0, json_schema_extra=NOT_KEYED)  # as SFT's
     # More of trl's DPOConfig, passed unchanged.
     trl_args: dict[str, Any] = Field(default_factory=dict)
-    # Settings that change from round to round: entry r-1 updates the settings above for round
-    # r, the last entry holds for later rounds. ETO's own schedule:
+    # Settings that change from round to round: entry r-1 replaces the settings it names for
+    # round r, the last entry holds for later rounds; a setting an entry leaves out keeps its
+    # value above. So beta is `dpo.beta` for every round, or an entry's `beta` for its rounds,
+    # never `trl_args.beta`. ETO's own schedule:
     # [{beta: 0.1, learning_rate: 1.0e-6}, {beta: 0.5, learning_rate: 5.0e-7}]
     schedule: list[dict[str, Any]] = Field(default_factory=list)
 
@@ -485,9 +485,9 @@ class DPOSettings(TrainerSettings):
                 self.for_round(round_no)
             except ValidationError as error:
                 problem = error.errors()[0]
-                field = ".".join(str(part) for part in problem["loc"])
+                field = "".join(f"{part}: " for part in problem["loc"])
                 raise ValueError(
-                    f"schedule entry {round_no - 1} (round {round_no}): {field}: {problem['msg']}"
+                    f"schedule entry {round_no - 1} (round {round_no}): {field}{problem['msg']}"
                 ) from None
         return self
 
@@ -518,10 +518,6 @@ class RLSettings(TrainerSettings):
     epochs: int = Field(default=1, ge=1)
     # Trajectories per optimizer step, forwarded one at a time (see SFTSettings.batch_size).
     batch_size: int = Field(default=8, ge=1)
-    max_length: int = Field(default=2048, ge=64)  # longer trajectories are left out, counted
-    num_processes: int = Field(default=1, ge=1)  # as in SFTSettings
-    frozen_layers: int = Field(default=0, ge=0)  # as in SFTSettings
-    checkpoint_every_steps: int = Field(default=50, ge=0, json_schema_extra=NOT_KEYED)  # as SFT's
     # The ratio is clipped to [1 - clip_low, 1 + clip_high]; clip_high above clip_low is DAPO's
     # clip-higher.
     clip_low: float = Field(default=0.2, gt=0)

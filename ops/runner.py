@@ -196,14 +196,15 @@ def check_trainer_settings(cfg) -> None:
     for field in type(cfg).model_fields:
         section = getattr(cfg, field)
         if isinstance(section, SFTSettings):
-            checks.append((field, SFTConfig, sft_trl_args(section, cfg.seed)))
+            checks.append((field, SFTConfig, section, sft_trl_args(section)))
         elif isinstance(section, DPOSettings):
-            checks.append((field, DPOConfig, dpo_trl_args(section, cfg.seed)))
+            checks.append((field, DPOConfig, section, dpo_trl_args(section)))
     with tempfile.TemporaryDirectory() as scratch:
-        for field, config_class, args in checks:
+        for field, config_class, settings, args in checks:
             job = TrainingJob(
-                model_dir="", data_file="", output_dir=f"{scratch}/out", trl_args=args
-            )
+                model_dir="", data_file="", output_dir=f"{scratch}/out", settings=settings,
+                seed=cfg.seed, trl_args=args,
+            )  # fmt: skip
             try:
                 config_class(**trainer_defaults(job))
             except (TypeError, ValueError) as error:

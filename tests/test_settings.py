@@ -37,7 +37,7 @@ def test_etos_defaults_reach_the_trainer_and_the_explorer(monkeypatch, tmp_path)
     from tasks.dpo import dpo_trl_args
 
     cfg = ETOConfig()
-    args = dpo_trl_args(cfg.dpo, seed=3)
+    args = dpo_trl_args(cfg.dpo)
     assert (args["beta"], args["learning_rate"]) == (0.1, 1e-6)
     seen = {}
     monkeypatch.setattr(
