@@ -63,11 +63,12 @@ class JobFileError(ValueError):
 
 
 def job_problems(path: str, error: ValidationError) -> str:
-    lines = [f"job file {path} does not fit {error.title}:"]
-    for problem in error.errors():
-        field = ".".join(str(part) for part in problem["loc"]) or "(top level)"
-        lines.append(f"  {field}: {problem['msg']}")
-    return "\n".join(lines)
+    """One line (a failed stage shows its trainer's last error line): each field and its fault."""
+    problems = [
+        f"{'.'.join(str(part) for part in problem['loc']) or '(top level)'}: {problem['msg']}"
+        for problem in error.errors()
+    ]
+    return f"job file {path} does not fit {error.title}: {'; '.join(problems)}"
 
 
 def parse_job(
