@@ -1,5 +1,6 @@
 """Every setting of a config, with its type, default and one line of documentation, read from the
-settings classes themselves (`flywheel/settings.py`).
+settings classes themselves (`flywheel/settings.py`, a stage's own in `tasks/`, a recipe's config
+in `flows/`).
 
 A field's documentation is its `Field(description=...)` where it has one, else the `# comment`
 written with it: the comment lines right above the field and the one at the end of its line. So

@@ -383,8 +383,7 @@ class TrainerSettings(Strict):
     accelerate_config: str | None = None
     # LoRA adapters instead of full training (docs/lora.md); replaces frozen_layers.
     lora: LoRASettings = Field(default_factory=LoRASettings)
-    # Tokens per sequence (a trajectory, or a DPO pair); longer ones are cut or left out, and
-    # counted in the trainer's metrics.
+    # Tokens per sequence (a trajectory, or a DPO pair); longer ones are cut or left out.
     max_length: int = Field(default=2048, ge=64)
     # Bottom transformer layers kept frozen (with the embeddings); backward stops above them,
     # which makes a step much cheaper on a CPU. 0 trains everything.
