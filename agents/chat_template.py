@@ -22,9 +22,10 @@ from envs import make_env
 from envs.base import Environment
 from envs.tools import call_action
 from flywheel.chat import ChatTokenizer
+from flywheel.config_files import ConfigError
 from flywheel.model import ModelUnavailable, resolve_model
 from flywheel.records import Message
-from flywheel.settings import BUILTIN_MODELS, ConfigError, EnvSettings, ModelSettings
+from flywheel.settings import BUILTIN_MODELS, EnvSettings, ModelSettings
 
 SAMPLE_TASK = "Task: craft 1 oak planks."
 SAMPLE_RESULT = "Got 1 oak log."

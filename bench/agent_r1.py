@@ -105,7 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def load_cfg(args):
-    from flywheel.settings import AgentR1Config, load_config
+    from flows.agent_r1 import AgentR1Config
+    from flywheel.config_files import load_config
 
     config = str(ROOT / args.config) if not Path(args.config).is_absolute() else args.config
     return load_config(AgentR1Config, config, [f"storage_url={store_dir(args)}", *args.overrides])

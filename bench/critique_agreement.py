@@ -31,8 +31,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from agents.mcts import Critique, PathPair, SearchTree
-from flywheel.settings import CritiqueSettings
-from tasks.critique import critique_metrics, critique_pairs
+from tasks.critique import CritiqueSettings, critique_metrics, critique_pairs
 from tasks.select_paths import select_pairs
 
 

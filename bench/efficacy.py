@@ -136,7 +136,9 @@ def task_splits(recipe: str, overrides: list[str], seed: int) -> dict[str, list[
     flow computes them; refused when any two share a task."""
     from envs import make_env
     from envs.task_selection import task_list
-    from flywheel.settings import AgentRConfig, ETOConfig, load_config
+    from flows.agent_r import AgentRConfig
+    from flows.eto import ETOConfig
+    from flywheel.config_files import load_config
     from tasks.evaluate import evaluation_splits
 
     model = {"eto": ETOConfig, "agent-r": AgentRConfig}[recipe]

@@ -182,7 +182,10 @@ def check_configs(steps: list[Step], model_dir: Path) -> list[str]:
     """Parse every config and override the flow steps use; a problem raises."""
     import yaml
 
-    from flywheel.settings import AgentR1Config, ETOConfig, accelerate_config_file, load_config
+    from flows.agent_r1 import AgentR1Config
+    from flows.eto import ETOConfig
+    from flywheel.config_files import load_config
+    from flywheel.settings import accelerate_config_file
 
     checked = []
     for name in ACCELERATE:
@@ -353,7 +356,7 @@ def prepare(folder: Path, jobs=CHECKLIST_JOBS, tasks: int = 16, pairs: int = 8) 
     import transformers
 
     from bench.train_throughput import LORA_R16, expert_data, token_counts
-    from flywheel.settings import DPOSettings, SFTSettings
+    from flywheel.settings import DPOSettings, LoRASettings, SFTSettings
     from tasks.dpo import dpo_trl_args
     from tasks.sft import sft_trl_args
     from training.job import TrainingJob
@@ -369,10 +372,11 @@ def prepare(folder: Path, jobs=CHECKLIST_JOBS, tasks: int = 16, pairs: int = 8) 
         data = folder / f"{trainer}.jsonl"
         data.write_text("".join(r.model_dump_json() + "\n" for r in rows))
         counts[trainer] = token_counts(trainer, rows, folder / "tokenizer", 1024)
-    trl_args = {
-        "sft": sft_trl_args(SFTSettings(epochs=1, learning_rate=1e-4, max_length=1024), 0),
-        "dpo": dpo_trl_args(DPOSettings(epochs=1, max_length=1024), 0),
+    settings = {
+        "sft": SFTSettings(epochs=1, learning_rate=1e-4, max_length=1024),
+        "dpo": DPOSettings(epochs=1, max_length=1024),
     }
+    trl_args = {"sft": sft_trl_args(settings["sft"]), "dpo": dpo_trl_args(settings["dpo"])}
     (folder / "jobs").mkdir(exist_ok=True)
     plan_file = {}
     for name in jobs:
@@ -380,10 +384,11 @@ def prepare(folder: Path, jobs=CHECKLIST_JOBS, tasks: int = 16, pairs: int = 8) 
         out = f"{ROOT_MARK}/{name}"
         job = TrainingJob(
             model_dir=f"{ROOT_MARK}/model", data_file=f"{PREP_MARK}/{trainer}.jsonl",
-            output_dir=f"{out}/model", max_length=1024, frozen_layers=0,
+            output_dir=f"{out}/model",
+            settings=settings[trainer].model_copy(update={"lora": LoRASettings(**LORA_R16)})
+            if lora else settings[trainer], seed=0,
             trl_args={**trl_args[trainer], **extra, "output_dir": f"{out}/trl",
                       "report_to": "none"},
-            lora=LORA_R16 if lora else None,
         )  # fmt: skip
         job.save(folder / "jobs" / f"{name}.json")
         rows, real, processed = counts[trainer]

@@ -105,8 +105,9 @@ def run_episodes(args, dtype: str) -> tuple[Episodes, float]:
     from envs import make_env
     from envs.task_selection import task_list
     from flywheel.chat import ChatTokenizer
+    from flywheel.config_files import load_config_section
     from flywheel.inference import SamplingSettings, VLLMBackend
-    from flywheel.settings import EnvSettings, InferenceSettings, load_config_section
+    from flywheel.settings import EnvSettings, InferenceSettings
 
     env_settings = load_config_section(EnvSettings, args.config, "env")
     inference = load_config_section(InferenceSettings, args.config, "inference")

@@ -23,7 +23,6 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from bench.gpu_checklist import prepared_job_file
@@ -31,12 +30,15 @@ from bench.gpu_checklist import prepared_job_file
 
 def job_for(prepared: Path, name: str, work: Path):
     """Prepared job `name`, writing into work/<name>-profile, without checkpoints."""
+    from flywheel.settings import DPOSettings, SFTSettings
     from training.job import TrainingJob
 
+    trainer = json.loads((prepared / "plan.json").read_text())[name]["trainer"]
+    settings_class = {"sft": SFTSettings, "dpo": DPOSettings}[trainer]
     out = work / f"{name}-profile"
-    job = TrainingJob.load(str(prepared_job_file(prepared, name, work, out)))
+    job = TrainingJob[settings_class].load(str(prepared_job_file(prepared, name, work, out)))
     trl_args = {**job.trl_args, "output_dir": str(out / "trl"), "save_strategy": "no"}
-    return replace(job, output_dir=str(out / "model"), trl_args=trl_args)
+    return job.model_copy(update={"output_dir": str(out / "model"), "trl_args": trl_args})
 
 
 def step_profiler(warmup: int, active: int, report: dict):

@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> dict:
     from agents.rollout import agent_prefix
     from envs import make_env
     from envs.task_selection import task_list
-    from flywheel.settings import AgentR1Config, load_config
+    from flows.agent_r1 import AgentR1Config
+    from flywheel.config_files import load_config
     from flywheel.stage import StageOutput
     from tasks.evaluate import EvaluateInputs, evaluate_stage
     from tasks.rl import RLInputs, rl_stage

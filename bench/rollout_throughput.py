@@ -34,7 +34,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flywheel.settings import KV_CACHE_DTYPES, InferenceSettings, load_config_section
+from flywheel.config_files import load_config_section
+from flywheel.settings import KV_CACHE_DTYPES, InferenceSettings
 
 # The bench explores with the README demo's inference settings.
 DEMO_CONFIG = "configs/eto_textcraft.yaml"

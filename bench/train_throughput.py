@@ -205,25 +205,26 @@ def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured
     from training.job import TrainingJob
 
     trainer, extra, job_fields = VARIANTS[name]
+    job_fields = dict(job_fields)
+    sizes = {"max_length": args.max_length, "lora": job_fields.pop("lora", {}),
+             "frozen_layers": job_fields.pop("frozen_layers", args.frozen_layers)}  # fmt: skip
     if trainer == "sft":
-        settings = SFTSettings(epochs=1, learning_rate=1e-4, max_length=args.max_length)
-        trl_args = sft_trl_args(settings, 0)
+        settings = SFTSettings(epochs=1, learning_rate=1e-4, **sizes)
+        trl_args = sft_trl_args(settings)
     else:
-        settings = DPOSettings(epochs=1, max_length=args.max_length)
-        trl_args = dpo_trl_args(settings, 0)
+        settings = DPOSettings(epochs=1, **sizes)
+        trl_args = dpo_trl_args(settings)
     work = folder / name.replace(" ", "_").replace(",", "")
     work.mkdir()
     data = work / "data.jsonl"
     data.write_text("".join(r.model_dump_json() + "\n" for r in records))
-    job_fields = dict(job_fields)
     if every := job_fields.pop("checkpoint_every", 0):
         store = f"file://{work / 'store'}"
         job_fields["checkpoint"] = {"store_url": store, "url": f"{store}/sft/checkpoint",
                                     "key": "bench", "every_steps": every}  # fmt: skip
-    frozen_layers = job_fields.pop("frozen_layers", args.frozen_layers)
     job = TrainingJob(
         model_dir=str(model_dir), data_file=str(data), output_dir=str(work / "model"),
-        max_length=args.max_length, frozen_layers=frozen_layers,
+        settings=settings, seed=0,
         trl_args={**trl_args, **extra, "output_dir": str(work / "trl"), "report_to": "none"},
         **job_fields,
     )  # fmt: skip
@@ -237,7 +238,9 @@ def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured
     rows, real, processed = token_counts(trainer, records, model_dir, args.max_length)
     every_position = job_fields.get("score_every_position", False)
     projected = processed if every_position else int(metrics["loss_tokens_per_epoch"])
-    flops = training_flops(shape, processed, projected, frozen_layers, "lora" in job_fields)
+    flops = training_flops(
+        shape, processed, projected, settings.frozen_layers, settings.lora.enabled
+    )
     if trainer == "dpo":  # the reference model's forward: once before training, or every step
         flops += 2 * shape.non_embedding * processed + 2 * shape.lm_head * projected
     return Measured(

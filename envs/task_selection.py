@@ -24,7 +24,7 @@ def select_tasks(task_ids: list[str], limit: int | None, seed: int) -> list[str]
 
 def task_list(env: Environment, split, env_settings, seed: int) -> list[str]:
     """The split's tasks a run uses: within `max_expert_steps`, then a seeded sample."""
-    from flywheel.settings import ConfigError
+    from flywheel.config_files import ConfigError
 
     limit = env_settings.train_tasks if split == "train" else env_settings.test_tasks
     eligible = within_expert_steps(env, env.task_ids(split), env_settings.max_expert_steps)

@@ -16,18 +16,89 @@ on what it read, so a re-run resumes at the first stage that did not finish.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from prefect import flow
+from pydantic import Field, field_validator
 
 from flywheel.records import Manifest
-from flywheel.settings import AgentRConfig
+from flywheel.settings import SFTSettings, Strict
 from ops.driver import Recipe, RoundResult, RoundState, run_all_rounds, run_next_round
+from ops.recipe_config import RecipeConfig
 from ops.runner import cli_main, run_named
-from tasks.critique import CritiqueInputs, critique_stage
-from tasks.mcts import MCTSInputs, mcts_stage
+from tasks.critique import CritiqueInputs, CritiqueSettings, critique_stage
+from tasks.mcts import MCTSInputs, MCTSSettings, mcts_stage
 from tasks.mix_general import MixGeneralInputs, mix_general_stage
 from tasks.select_paths import SelectPathsInputs, select_paths_stage
 from tasks.splice import SpliceInputs, splice_stage
+
+
+class PathSettings(Strict):
+    """Which root-to-leaf paths become training data. Scores are rewards normalised to [0, 1]
+    per environment, so the thresholds mean the same on every environment."""
+
+    # Round r pairs only good leaves scoring at least alpha[r-1] (the last value after that).
+    # "At least", not "above": on TextCraft's {0, 1} rewards alpha 1.0 must admit a solved task.
+    alpha: list[float] = Field(default_factory=lambda: [0.5, 0.7, 1.0], min_length=1)
+    beta: float = Field(default=0.2, ge=0)  # the good leaf must beat the bad one by more than this
+    max_pairs_per_task: int = Field(default=4, ge=1)  # bad/good path pairs kept per tree
+    max_good_per_task: int = Field(default=2, ge=0)  # good paths kept per tree
+    # Train each round on the good paths too, next to the revisions (Agent-R collects both).
+    include_good_paths: bool = True
+
+    @field_validator("alpha")
+    @classmethod
+    def _in_unit_range(cls, value: list[float]) -> list[float]:
+        if any(not 0.0 <= a <= 1.0 for a in value):
+            raise ValueError(f"alpha values are normalised scores in [0, 1], got {value}")
+        return value
+
+    def alpha_for(self, round_no: int) -> float:
+        return self.alpha[min(round_no, len(self.alpha)) - 1]
+
+
+SHIPPED_GENERAL_CHAT = Path(__file__).resolve().parent.parent / "configs/data/general_chat.jsonl"
+
+
+class GeneralDataSettings(Strict):
+    """General instruction data mixed into Agent-R's revision SFT, so the policy keeps its
+    general abilities (the paper's eta = 0.2). Off when `eta` is 0 or `file` is "none"."""
+
+    # Share of general examples in each revision SFT set: eta / (1 - eta) per trajectory.
+    eta: float = Field(default=0.2, ge=0, lt=1)
+    # JSON lines of {"instruction": ..., "response": ...}; "" is the small shipped set.
+    file: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return self.eta > 0 and self.file != "none"
+
+    @property
+    def url(self) -> str:
+        path = Path(self.file).expanduser() if self.file else SHIPPED_GENERAL_CHAT
+        return "file://" + str(path.resolve())
+
+    @field_validator("file")
+    @classmethod
+    def _file_exists(cls, value: str) -> str:
+        if value not in ("", "none") and not Path(value).expanduser().is_file():
+            raise ValueError(f"{value!r} is not a file (JSON lines of instruction/response)")
+        return value
+
+
+class AgentRConfig(RecipeConfig):
+    """One Agent-R run: SFT on expert trajectories (the starting point), then `rounds` of
+    MCTS → path pairs → first-error critique → revision splice → SFT, and two baselines trained
+    from the starting point on round 1's trees (Direct-Revision, good paths only)."""
+
+    run_name: str = "agent-r-textcraft"
+    rounds: int = Field(default=3, ge=0)
+    mcts: MCTSSettings = Field(default_factory=MCTSSettings)
+    paths: PathSettings = Field(default_factory=PathSettings)
+    critique: CritiqueSettings = Field(default_factory=CritiqueSettings)
+    revision_sft: SFTSettings = Field(default_factory=SFTSettings)  # each round's SFT
+    general: GeneralDataSettings = Field(default_factory=GeneralDataSettings)
+    baselines: bool = True  # train and evaluate Direct-Revision and good-paths-only
 
 
 class AgentR(Recipe):

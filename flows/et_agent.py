@@ -3,16 +3,16 @@
     python -m flows.et_agent --config configs/et_agent_qa.yaml [key=value ...]
 
     warm start   SFT of the base model on the scripted solver's tool trajectories (as Agent-R1)
-    flywheel     roll out each train question; up to `flywheel.rounds` times evolve the best
+    evolve       roll out each train question; up to `evolve.rounds` times evolve the best
                  trajectory not yet used: a correct one enhanced (the judge's redundant step cut
                  and re-generated, else its reasoning text rewritten shorter, else a fresh
                  rollout), a wrong one reflected (cut at the judge's first flaw, or its answer
                  withdrawn, and continued after a hint); keep the correct ones, each with the
                  operator that made it (records.jsonl: parent, verdict, hint, why kept)
-    RFT          SFT of the warm start on the flywheel's correct trajectories
+    RFT          SFT of the warm start on the evolved correct trajectories
     stage s      (each curriculum stage, from the last one's policy; its questions easy first:
                  stage s admits those whose reference solution needs at most the s-th fewest
-                 tool calls, none the flywheel saw) `calibration.iterations`
+                 tool calls, none `evolve` saw) `calibration.iterations`
                  times: K episodes per question → group-wise Pareto sampling (tool-call and
                  correctness variance, mixed groups only) → efficiency reward
                  r = correctness * f_tool * f_length + f_format, sigmas falling to 0 over the
@@ -27,15 +27,61 @@ from __future__ import annotations
 import sys
 
 from prefect import flow
+from pydantic import Field, model_validator
 
-from flows.agent_r1 import AgentR1
+from flows.agent_r1 import AgentR1, SampleSettings, ToolRecipeConfig
 from flywheel.records import Manifest
-from flywheel.settings import ETAgentConfig
+from flywheel.settings import SFTSettings
 from ops.driver import RoundResult, RoundState, run_all_rounds, run_next_round
 from ops.runner import cli_main, run_named
 from tasks.behaviour_report import behaviour_report
-from tasks.calibrate import CalibrateInputs, calibrate_stage
-from tasks.evolve import EvolveInputs, flywheel_stage
+from tasks.calibrate import CalibrateInputs, CalibrationSettings, calibrate_stage
+from tasks.evolve import EvolveInputs, EvolveSettings, evolve_stage
+
+# Keys renamed for what they do (they were named after the paper's "data flywheel").
+RENAMED_KEYS = {"flywheel": "evolve", "flywheel_tasks": "evolve_tasks"}
+
+
+class ETAgentConfig(ToolRecipeConfig):
+    """One ET-Agent run on a tool environment: the warm start (SFT on the solver's tool
+    trajectories), data evolution on train questions and SFT on its correct trajectories (the
+    RFT policy), then `rounds` curriculum stages of behaviour-calibration RL: groups sampled →
+    Pareto-selected → efficiency-rewarded → RL, each stage from the last one's policy."""
+
+    run_name: str = "et-agent-qa"
+    rounds: int = Field(default=2, ge=0)  # curriculum stages
+    # Train questions the evolve stage rolls out and evolves (a seeded slice of all of them).
+    evolve_tasks: int = Field(default=64, ge=1)
+    rft: SFTSettings = Field(default_factory=SFTSettings)  # SFT on the evolved trajectories
+    # K = 8 episodes per question, stages easy first; a `sample` section changes only what it names
+    sample: SampleSettings = Field(
+        default_factory=lambda: SampleSettings(samples_per_task=8, curriculum="tool-calls")
+    )
+    calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
+    evolve: EvolveSettings = Field(default_factory=EvolveSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data):
+        """The keys named after the paper's "data flywheel" before they were named for what
+        they do: refused, naming the new key (a silently ignored section would run defaults)."""
+        if isinstance(data, dict):
+            for old, new in RENAMED_KEYS.items():
+                if old in data:
+                    raise ValueError(f"{old} is now called {new}: write {new} instead")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _paper_sampling(cls, data):
+        if isinstance(data, dict):
+            given = data.get("sample") or {}
+            if isinstance(given, dict):
+                data = {
+                    **data,
+                    "sample": {"samples_per_task": 8, "curriculum": "tool-calls", **given},
+                }
+        return data
 
 
 class ETAgent(AgentR1):
@@ -43,25 +89,25 @@ class ETAgent(AgentR1):
     lineage_start = "warm-start"  # RFT (round 0) trains from the warm start
 
     def start(self) -> RoundResult:
-        """Warm start → data flywheel → RFT (SFT on the flywheel's correct trajectories)."""
+        """Warm start → data evolution → RFT (SFT on the evolved correct trajectories)."""
         cfg = self.cfg
         _, warm = self.warm_start(evaluate_untrained=False)
         warm_eval = self.evaluate("warm-start", warm.files["model"])
-        evolved = flywheel_stage(
+        evolved = evolve_stage(
             EvolveInputs(
                 model_url=warm.files["model"], env=cfg.env,
-                task_ids=self.questions()[: cfg.flywheel_tasks], prefix=self.prefix,
-                inference=cfg.inference, settings=cfg.flywheel, max_steps=cfg.env.max_steps,
+                task_ids=self.questions()[: cfg.evolve_tasks], prefix=self.prefix,
+                inference=cfg.inference, settings=cfg.evolve, max_steps=cfg.env.max_steps,
                 seed=cfg.seed,
             ),
-            self.out("flywheel", "flywheel"),
+            self.out("evolve", "evolve"),
         )  # fmt: skip
-        self.log_curve(evolved.metrics, 0, "flywheel")
+        self.log_curve(evolved.metrics, 0, "evolve")
         if not evolved.counts.get("kept", 0):
             return RoundResult(
                 policy=warm.files["model"],
                 evaluations=[warm_eval],
-                notes=["the flywheel kept no correct trajectory: RFT skipped, RL starts from "
+                notes=["data evolution kept no correct trajectory: RFT skipped, RL starts from "
                        "the warm start"],
             )  # fmt: skip
         rft = self.sft("rft", warm.files["model"], evolved.files["trajectories"], cfg.rft, "rft")
@@ -71,7 +117,7 @@ class ETAgent(AgentR1):
         """One curriculum stage: sample → Pareto-select → efficiency reward → RL, repeated."""
         cfg, n = self.cfg, state.round
         policy, notes = state.policy, []
-        questions = self.round_questions(n, skip=cfg.flywheel_tasks)  # none RFT trained on
+        questions = self.round_questions(n, skip=cfg.evolve_tasks)  # none RFT trained on
         iterations = cfg.calibration.iterations
         for i in range(iterations):
             folder, seed = f"stage-{n}/iteration-{i + 1}", cfg.seed + n * 1000 + i
@@ -123,7 +169,7 @@ def et_agent(
 def et_agent_campaign(
     config: dict | None = None, config_file: str | None = None, overrides: list[str] | None = None
 ):
-    """One more ET-Agent round per run (for schedules): round 0 is warm start, flywheel and RFT;
+    """One more ET-Agent round per run (for schedules): round 0 is warm start, data evolution and RFT;
     each later round one curriculum stage from the last published policy."""
     return run_next_round(ETAgent, config, config_file, overrides)
 
@@ -132,9 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(
         et_agent, ETAgentConfig, argv, prog="python -m flows.et_agent",
         campaign_flow=et_agent_campaign,
-        description="Run ET-Agent: warm start, data flywheel and RFT, then curriculum stages of "
+        description="Run ET-Agent: warm start, data evolution and RFT, then curriculum stages of "
         "behaviour-calibration RL (Pareto sampling, efficiency reward).",
-        example="rounds=3 calibration.sigma_tool=0.3 flywheel.rounds=2",
+        example="rounds=3 calibration.sigma_tool=0.3 evolve.rounds=2",
     )  # fmt: skip
 
 

@@ -14,14 +14,32 @@ from __future__ import annotations
 import sys
 
 from prefect import flow
+from pydantic import Field
 
 from agents.rollout import agent_prefix, few_shot_examples
-from flywheel.settings import ETOConfig
+from flywheel.settings import DPOSettings, RoundSlices
 from ops.driver import Recipe, RoundResult, RoundState, run_all_rounds, run_next_round
+from ops.recipe_config import RecipeConfig
 from ops.runner import cli_main, run_named
 from tasks.build_pairs import BuildPairsInputs, build_pairs_stage
 from tasks.dpo import DPOInputs, dpo_stage
 from tasks.explore import ExploreInputs, explore_stage, shard
+
+
+class ExploreSettings(RoundSlices):
+    """Exploration of the train tasks; ETO explores each task once, greedily."""
+
+    temperature: float = Field(default=0.0, ge=0)  # 0 explores greedily
+    samples_per_task: int = Field(default=1, ge=1)  # episodes per train task
+    shards: int = Field(default=2, ge=1)  # mapped Prefect tasks
+
+
+class ETOConfig(RecipeConfig):
+    """One ETO run: SFT on expert trajectories, then `rounds` of explore → pairs → DPO."""
+
+    run_name: str = "eto-textcraft"
+    dpo: DPOSettings = Field(default_factory=DPOSettings)
+    explore: ExploreSettings = Field(default_factory=ExploreSettings)
 
 
 class ETO(Recipe):

@@ -1,5 +1,6 @@
 """Every setting of a config, with its type, default and one line of documentation, read from the
-settings classes themselves (`flywheel/settings.py`).
+settings classes themselves (`flywheel/settings.py`, a stage's own in `tasks/`, a recipe's config
+in `flows/`).
 
 A field's documentation is its `Field(description=...)` where it has one, else the `# comment`
 written with it: the comment lines right above the field and the one at the end of its line. So
@@ -21,7 +22,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
-from flywheel.settings import settings_class_of
+from flywheel.config_files import settings_class_of
 
 # Comments that tell tools something, not people.
 PRAGMA = re.compile(r"^(fmt:|noqa|type:|pragma)")

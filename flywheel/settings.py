@@ -1,17 +1,18 @@
-"""Settings: one documented model per stage, one config per recipe, loaded from YAML + overrides.
+"""Settings shared by stages and recipes: the model, the environment, inference, the trainers
+(SFT, DPO, RL, LoRA), evaluation and round slices; one documented model each.
 
-Everything is validated before any work starts; an error names the field to fix.
+Everything is validated before any work starts; an error names the field to fix. A stage's own
+settings live with its stage (`tasks/mcts.py:MCTSSettings`, ...), a recipe's config with its
+recipe (`flows/eto.py:ETOConfig`, ...) on the base in `ops/recipe_config.py`; config files and
+overrides are read by `flywheel/config_files.py`.
 """
 
 from __future__ import annotations
 
-import difflib
-import os
 import re
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -20,6 +21,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+# envs/ imports these two from here (`envs/base.py`, `envs/serve.py`); they live in config_files.
+from flywheel.config_files import ConfigError, load_config_section  # noqa: F401
 
 ENVIRONMENTS = (
     "textcraft",
@@ -30,10 +34,6 @@ ENVIRONMENTS = (
     "qa",
 )
 BUILTIN_MODELS = ("smollm2-135m", "tiny")
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message names the field and what to do."""
 
 
 class Strict(BaseModel):
@@ -359,8 +359,9 @@ class LoRASettings(Strict):
     publish: Literal["merged", "adapter"] = "merged"
 
 
-# trl arguments that the stages set from a setting (tasks/sft.py, tasks/dpo.py): trl name ->
-# setting. `seed` is the run's.
+# trl arguments that a setting sets (tasks/sft.py, tasks/dpo.py; `seed` is the run's, the job's
+# own field, training/job.py): trl name -> setting. One key per setting: `trl_args` may not set
+# them again (`TrainerSettings._trl_args_do_not_repeat_settings`).
 SETTINGS_TRL_ARGS = {
     "learning_rate": "learning_rate", "num_train_epochs": "epochs", "beta": "beta",
     "gradient_accumulation_steps": "batch_size", "max_length": "max_length",
@@ -370,21 +371,33 @@ SETTINGS_TRL_ARGS = {
 
 class TrainerSettings(Strict):
     """What SFT, DPO and RL share: `batch_size` sequences per optimizer step, split evenly over
-    `num_processes` training processes."""
+    `num_processes` training processes. A stage hands its settings to its trainer process whole,
+    in the job file (`training.job.TrainingJob`)."""
 
-    batch_size: int
-    num_processes: int
+    batch_size: int  # each trainer sets its own default
+    # Training processes: >1 launches `accelerate launch` (GPUs) or torchrun (CPU, gloo); each
+    # takes batch_size / num_processes of every step's sequences.
+    num_processes: int = Field(default=1, ge=1)
     # `accelerate launch` config for the training processes: ddp, zero2, zero3 (DeepSpeed ZeRO
     # stages, configs/accelerate/) or a path to one's own. Unset: DDP on GPUs, torchrun on a CPU.
     accelerate_config: str | None = None
     # LoRA adapters instead of full training (docs/lora.md); replaces frozen_layers.
     lora: LoRASettings = Field(default_factory=LoRASettings)
+    # Tokens per sequence (a trajectory, or a DPO pair); longer ones are cut or left out.
+    max_length: int = Field(default=2048, ge=64)
+    # Bottom transformer layers kept frozen (with the embeddings); backward stops above them,
+    # which makes a step much cheaper on a CPU. 0 trains everything.
+    frozen_layers: int = Field(default=0, ge=0)
+    # Optimizer steps between checkpoints into the stage's folder in the store, from which a
+    # killed stage resumes (training/checkpoint.py, docs/checkpoints.md); 0 turns them off.
+    # Not keyed: a resumed run trains the same weights (tests/test_checkpoint_resume.py).
+    checkpoint_every_steps: int = Field(default=50, ge=0, json_schema_extra=NOT_KEYED)
 
     @model_validator(mode="after")
     def _lora_replaces_frozen_layers(self):
         if not self.lora.enabled:
             return self
-        if getattr(self, "frozen_layers", 0):
+        if self.frozen_layers:
             raise ValueError(
                 f"lora.enabled trains adapters on frozen base weights: frozen_layers="
                 f"{self.frozen_layers} would freeze nothing more; set frozen_layers=0"
@@ -442,18 +455,6 @@ class SFTSettings(TrainerSettings):
     # padding a batch to its longest member costs more than batching saves; as one batch on a
     # GPU (training/job.py `batched_on_gpu`; trl_args.per_device_train_batch_size overrides).
     batch_size: int = Field(default=4, ge=1)
-    # Tokens per sequence; longer ones are cut or left out.
-    max_length: int = Field(default=2048, ge=64)
-    # Training processes: >1 launches `accelerate launch` (GPUs) or torchrun (CPU, gloo); each
-    # takes batch_size / num_processes of every step's sequences.
-    num_processes: int = Field(default=1, ge=1)
-    # Bottom transformer layers kept frozen (with the embeddings); backward stops above them,
-    # which makes a step much cheaper on a CPU. 0 trains everything.
-    frozen_layers: int = Field(default=0, ge=0)
-    # Optimizer steps between checkpoints into the stage's folder in the store, from which a
-    # killed stage resumes (training/checkpoint.py, docs/checkpoints.md); 0 turns them off.
-    # Not keyed: a resumed run trains the same weights (tests/test_checkpoint_resume.py).
-    checkpoint_every_steps: int = Field(default=50, ge=0, json_schema_extra=NOT_KEYED)
     trl_args: dict[str, Any] = Field(default_factory=dict)  # more of trl's config, passed unchanged
 
 
@@ -465,16 +466,14 @@ class DPOSettings(TrainerSettings):
     learning_rate: float = Field(default=1e-6, gt=0)  # peak learning rate
     epochs: float = Field(default=3.0, gt=0)  # passes over the pairs
     batch_size: int = Field(default=2, ge=1)  # pairs per optimizer step
-    max_length: int = Field(default=2048, ge=64)  # tokens per pair; pairs longer are left out
     # ETO keeps a failed exploration up to the expert's length plus this many turns.
     rejected_extra_turns: int = Field(default=5, ge=0)
-    num_processes: int = Field(default=1, ge=1)  # as in SFTSettings
-    frozen_layers: int = Field(default=0, ge=0)  # as in SFTSettings
-    checkpoint_every_steps: int = Field(default=50, ge=0, json_schema_extra=NOT_KEYED)  # as SFT's
     # More of trl's DPOConfig, passed unchanged.
     trl_args: dict[str, Any] = Field(default_factory=dict)
-    # Settings that change from round to round: entry r-1 updates the settings above for round
-    # r, the last entry holds for later rounds. ETO's own schedule:
+    # Settings that change from round to round: entry r-1 replaces the settings it names for
+    # round r, the last entry holds for later rounds; a setting an entry leaves out keeps its
+    # value above. So beta is `dpo.beta` for every round, or an entry's `beta` for its rounds,
+    # never `trl_args.beta`. ETO's own schedule:
     # [{beta: 0.1, learning_rate: 1.0e-6}, {beta: 0.5, learning_rate: 5.0e-7}]
     schedule: list[dict[str, Any]] = Field(default_factory=list)
 
@@ -485,9 +484,9 @@ class DPOSettings(TrainerSettings):
                 self.for_round(round_no)
             except ValidationError as error:
                 problem = error.errors()[0]
-                field = ".".join(str(part) for part in problem["loc"])
+                field = "".join(f"{part}: " for part in problem["loc"])
                 raise ValueError(
-                    f"schedule entry {round_no - 1} (round {round_no}): {field}: {problem['msg']}"
+                    f"schedule entry {round_no - 1} (round {round_no}): {field}{problem['msg']}"
                 ) from None
         return self
 
@@ -518,10 +517,6 @@ class RLSettings(TrainerSettings):
     epochs: int = Field(default=1, ge=1)
     # Trajectories per optimizer step, forwarded one at a time (see SFTSettings.batch_size).
     batch_size: int = Field(default=8, ge=1)
-    max_length: int = Field(default=2048, ge=64)  # longer trajectories are left out, counted
-    num_processes: int = Field(default=1, ge=1)  # as in SFTSettings
-    frozen_layers: int = Field(default=0, ge=0)  # as in SFTSettings
-    checkpoint_every_steps: int = Field(default=50, ge=0, json_schema_extra=NOT_KEYED)  # as SFT's
     # The ratio is clipped to [1 - clip_low, 1 + clip_high]; clip_high above clip_low is DAPO's
     # clip-higher.
     clip_low: float = Field(default=0.2, gt=0)
@@ -578,98 +573,6 @@ class RoundSlices(Strict):
         return round_slice(task_ids, self.tasks_per_round, round_no)
 
 
-class ExploreSettings(RoundSlices):
-    """Exploration of the train tasks; ETO explores each task once, greedily."""
-
-    temperature: float = Field(default=0.0, ge=0)  # 0 explores greedily
-    samples_per_task: int = Field(default=1, ge=1)  # episodes per train task
-    shards: int = Field(default=2, ge=1)  # mapped Prefect tasks
-
-
-class MCTSSettings(RoundSlices):
-    """Agent-R's tree search over the agent's actions, one tree per train task."""
-
-    iterations: int = Field(default=8, ge=1)  # descents from the root per tree
-    max_depth: int = Field(default=12, ge=1)  # a node this deep is terminal (agent turns)
-    samples_per_node: int = Field(default=4, ge=1)  # N replies sampled per expansion
-    # UCT: mean value + c * sqrt(ln(parent visits) / visits); Agent-R uses 0.25.
-    exploration_constant: float = Field(default=0.25, ge=0)
-    temperature: float = Field(default=1.0, gt=0)  # sampling must differ for N samples to help
-    # Build a child from its parent's snapshot (one environment step) where the environment can
-    # snapshot; False replays the whole path from a fresh episode for every child (Agent-R's way).
-    restore_state: bool = True
-
-
-class PathSettings(Strict):
-    """Which root-to-leaf paths become training data. Scores are rewards normalised to [0, 1]
-    per environment, so the thresholds mean the same on every environment."""
-
-    # Round r pairs only good leaves scoring at least alpha[r-1] (the last value after that).
-    # "At least", not "above": on TextCraft's {0, 1} rewards alpha 1.0 must admit a solved task.
-    alpha: list[float] = Field(default_factory=lambda: [0.5, 0.7, 1.0], min_length=1)
-    beta: float = Field(default=0.2, ge=0)  # the good leaf must beat the bad one by more than this
-    max_pairs_per_task: int = Field(default=4, ge=1)  # bad/good path pairs kept per tree
-    max_good_per_task: int = Field(default=2, ge=0)  # good paths kept per tree
-    # Train each round on the good paths too, next to the revisions (Agent-R collects both).
-    include_good_paths: bool = True
-
-    @field_validator("alpha")
-    @classmethod
-    def _in_unit_range(cls, value: list[float]) -> list[float]:
-        if any(not 0.0 <= a <= 1.0 for a in value):
-            raise ValueError(f"alpha values are normalised scores in [0, 1], got {value}")
-        return value
-
-    def alpha_for(self, round_no: int) -> float:
-        return self.alpha[min(round_no, len(self.alpha)) - 1]
-
-
-class CritiqueSettings(Strict):
-    """The actor model judging a bad path step by step to find its first error.
-
-    `likelihood` scores each candidate reply ("Judgement: Good", "Judgement: Bad", ...) with the
-    model's own log-probability and takes the most likely, so every step gets a verdict;
-    `generate` lets the model write a reply and parses a verdict from it, which a small model
-    often leaves out (the step then has none).
-    """
-
-    # Likelihood or generate (see the class docstring).
-    method: Literal["likelihood", "generate"] = "likelihood"
-    max_tokens: int = Field(default=64, ge=1)  # per generated judgement (method generate)
-    history_steps: int = Field(default=6, ge=0)  # earlier steps shown before the judged one
-    # likelihood: the verdicts scored. Without "uncertain" the model must pick good or bad.
-    verdicts: list[Literal["good", "bad", "uncertain"]] = ["good", "bad", "uncertain"]
-    # likelihood: a winner at most this many nats (log-probability) ahead of the runner-up is
-    # a close call and becomes "uncertain" (the path goes on); 0 maps only exact ties.
-    margin: float = Field(default=0.0, ge=0.0)
-
-    @field_validator("verdicts")
-    @classmethod
-    def _two_distinct_verdicts(cls, verdicts: list[str]) -> list[str]:
-        if len(set(verdicts)) != len(verdicts) or len(verdicts) < 2:
-            raise ValueError(
-                "critique.verdicts needs at least two distinct verdicts of good, bad, uncertain"
-            )
-        if "bad" not in verdicts:
-            raise ValueError("critique.verdicts must include bad, or no first error is found")
-        return verdicts
-
-    # likelihood: contextual calibration (Zhao et al. 2021). "content_free" subtracts from each
-    # verdict's log-probability the one the model gives to the same prompt with the judged step
-    # replaced by "N/A" (its prior for that context), then picks the verdict; "none" does not.
-    calibration: Literal["none", "content_free"] = "none"
-    # Which judged step is the first error: "first_bad", the first step whose verdict is Bad
-    # (Agent-R; judging stops there); "most_bad" (likelihood), every step is judged and the one
-    # with the highest P(Bad) (after calibration, normalised over the verdicts) is the error.
-    locate: Literal["first_bad", "most_bad"] = "first_bad"
-
-    @model_validator(mode="after")
-    def _most_bad_needs_scores(self) -> CritiqueSettings:
-        if self.locate == "most_bad" and self.method != "likelihood":
-            raise ValueError("critique.locate most_bad needs critique.method likelihood")
-        return self
-
-
 class EvaluateSettings(Strict):
     """Which split every policy is evaluated on (docs/evaluation.md)."""
 
@@ -682,393 +585,3 @@ class EvaluateSettings(Strict):
         """Where a run keeps its evaluations on `split`: each split in a folder of its own, so a
         run read on validation while tuning, then on test, keeps both."""
         return "evaluate" if self.split == "test" else f"evaluate-{self.split}"
-
-
-class RecipeConfig(Strict):
-    """What every recipe run has: where it stores and tracks, its model, environment, inference."""
-
-    run_name: str = "flywheel"  # the run's folder in the store, its lock and its MLflow runs' names
-    storage_url: str = "runs"  # local folder or any fsspec URL (s3://bucket/prefix)
-    # MLflow's own MLFLOW_TRACKING_URI when set (a tracking server), else a local sqlite file.
-    mlflow_tracking_uri: str = Field(
-        default_factory=lambda: os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
-    )
-    mlflow_experiment: str = "flywheel"  # MLflow experiment the runs are logged under
-    # Where stages run: threads in the flow's process, or Dask / Ray worker processes.
-    task_runner: Literal["threads", "dask", "ray"] = "threads"
-    # A running cluster for dask/ray (`tcp://scheduler:8786`, `ray://head:10001`); unset starts a
-    # local cluster of worker processes on this machine.
-    task_runner_address: str | None = None
-    rounds: int = Field(default=2, ge=0)  # rounds after round 0 (the starting policy)
-    seed: int = 0  # seeds task order, sampling and training
-    # Take the run's lock (ops/run_lock.py) even from a holder that looks alive: for a run
-    # whose process is gone but whose lock has not gone stale yet (`--break-lock`).
-    break_lock: bool = False
-    model: ModelSettings = Field(default_factory=ModelSettings)
-    env: EnvSettings = Field(default_factory=EnvSettings)
-    inference: InferenceSettings = Field(default_factory=InferenceSettings)
-    evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings)
-    sft: SFTSettings = Field(default_factory=SFTSettings)  # SFT on expert trajectories
-    # Expert trajectories to start from instead of the environment's expert: a published file in
-    # ETO's SFT or AgentGym's AgentTraj format (agents/trajectory_import.py). A plain path
-    # becomes a file:// URL, so the expert stage's cache keys on the file's content.
-    expert_file: str | None = None
-
-    @model_validator(mode="after")
-    def _validation_split_exists(self):
-        if self.evaluate.split == "validation" and not self.env.validation_tasks:
-            raise ValueError(
-                "evaluate.split=validation needs a validation split: set env.validation_tasks"
-            )
-        return self
-
-    @field_validator("expert_file")
-    @classmethod
-    def _expert_file_url(cls, value: str | None) -> str | None:
-        if value is None or "://" in value:
-            return value
-        path = Path(value).expanduser()
-        if not path.is_file():
-            raise ValueError(f"{value!r} is not a file (ETO SFT or AgentGym AgentTraj JSON)")
-        return "file://" + str(path.resolve())
-
-
-class ETOConfig(RecipeConfig):
-    """One ETO run: SFT on expert trajectories, then `rounds` of explore → pairs → DPO."""
-
-    run_name: str = "eto-textcraft"
-    dpo: DPOSettings = Field(default_factory=DPOSettings)
-    explore: ExploreSettings = Field(default_factory=ExploreSettings)
-
-
-SHIPPED_GENERAL_CHAT = Path(__file__).resolve().parent.parent / "configs/data/general_chat.jsonl"
-
-
-class GeneralDataSettings(Strict):
-    """General instruction data mixed into Agent-R's revision SFT, so the policy keeps its
-    general abilities (the paper's eta = 0.2). Off when `eta` is 0 or `file` is "none"."""
-
-    # Share of general examples in each revision SFT set: eta / (1 - eta) per trajectory.
-    eta: float = Field(default=0.2, ge=0, lt=1)
-    # JSON lines of {"instruction": ..., "response": ...}; "" is the small shipped set.
-    file: str = ""
-
-    @property
-    def enabled(self) -> bool:
-        return self.eta > 0 and self.file != "none"
-
-    @property
-    def url(self) -> str:
-        path = Path(self.file).expanduser() if self.file else SHIPPED_GENERAL_CHAT
-        return "file://" + str(path.resolve())
-
-    @field_validator("file")
-    @classmethod
-    def _file_exists(cls, value: str) -> str:
-        if value not in ("", "none") and not Path(value).expanduser().is_file():
-            raise ValueError(f"{value!r} is not a file (JSON lines of instruction/response)")
-        return value
-
-
-class AgentRConfig(RecipeConfig):
-    """One Agent-R run: SFT on expert trajectories (the starting point), then `rounds` of
-    MCTS → path pairs → first-error critique → revision splice → SFT, and two baselines trained
-    from the starting point on round 1's trees (Direct-Revision, good paths only)."""
-
-    run_name: str = "agent-r-textcraft"
-    rounds: int = Field(default=3, ge=0)
-    mcts: MCTSSettings = Field(default_factory=MCTSSettings)
-    paths: PathSettings = Field(default_factory=PathSettings)
-    critique: CritiqueSettings = Field(default_factory=CritiqueSettings)
-    revision_sft: SFTSettings = Field(default_factory=SFTSettings)  # each round's SFT
-    general: GeneralDataSettings = Field(default_factory=GeneralDataSettings)
-    baselines: bool = True  # train and evaluate Direct-Revision and good-paths-only
-
-
-class SampleSettings(RoundSlices):
-    """Agent-R1's rollouts each round: a group of episodes per train question, sampled with the
-    log-probabilities the trainer's importance ratio needs."""
-
-    samples_per_task: int = Field(default=4, ge=2)  # the group a group-relative baseline uses
-    # The train questions the rounds sample from, in a seeded order: all of them, or the warm
-    # start's only (more solved episodes there, 10.4% against 4.7% at temperature 1, yet the
-    # demo's RL round gained less from them: +1.7 points against +3.3; README).
-    questions: Literal["warm-start", "all"] = "all"
-    # Which of them round n samples: "none" takes the next `tasks_per_round` of the seeded order;
-    # "tool-calls" the next ones among those whose reference solution needs at most the n-th
-    # smallest number of tool calls (easy first, so early groups mix successes and failures; the
-    # last level admits every question).
-    curriculum: Literal["none", "tool-calls"] = "none"
-    temperature: float = Field(default=1.0, gt=0)  # the RL trainer's log-probs assume this too
-
-
-class ToolRecipeConfig(RecipeConfig):
-    """A recipe that trains a tool-using agent on the QA environment (Agent-R1, ET-Agent): a warm
-    start on the scripted solver's tool trajectories, then rounds of sampled groups → RL."""
-
-    env: EnvSettings = Field(default_factory=lambda: EnvSettings(name="qa", max_steps=8))
-    sample: SampleSettings = Field(default_factory=SampleSettings)
-    rl: RLSettings = Field(default_factory=RLSettings)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _qa_by_default(cls, data):
-        """An `env` section without a name means the QA environment here, not TextCraft."""
-        if isinstance(data, dict) and isinstance(data.get("env"), dict):
-            data = {**data, "env": {"name": "qa", **data["env"]}}
-        return data
-
-    @model_validator(mode="after")
-    def _tool_environment(self):
-        if self.env.name != "qa":
-            raise ValueError(
-                f"env.name={self.env.name!r}: this recipe trains tool-using agents; set "
-                "env.name=qa (search and python tools; env.qa.source picks the questions)"
-            )
-        if self.rl.temperature != self.sample.temperature:
-            raise ValueError(
-                f"rl.temperature={self.rl.temperature} but sample.temperature="
-                f"{self.sample.temperature}: the trainer's log-probabilities must be those of the "
-                "distribution the episodes were sampled from; set both to the same value"
-            )
-        return self
-
-
-class AgentR1Config(ToolRecipeConfig):
-    """One Agent-R1 run on a tool environment: a warm start (SFT on the scripted solver's tool
-    trajectories, so a small model follows the call format), then `rounds` of sample groups →
-    RL update, every policy evaluated on the held-out questions."""
-
-    run_name: str = "agent-r1-qa"
-
-
-class CalibrationSettings(Strict):
-    """ET-Agent's behaviour calibration: which sampled groups an RL update trains on (group-wise
-    Pareto sampling) and the efficiency reward they earn (`training/efficiency.py`)."""
-
-    # "efficiency": ET-Agent's selection and reward; "plain": every sampled group with the
-    # environment's own reward (Agent-R1's GRPO on the same samples: the comparison).
-    method: Literal["efficiency", "plain"] = "efficiency"
-    # Groups Pareto sampling keeps at most per iteration (before the mixed-result filter);
-    # None: half the sampled groups.
-    budget: int | None = Field(default=None, ge=1)
-    sigma_tool: float = Field(default=0.2, ge=0)  # sharpness of the tool-call factor
-    sigma_length: float = Field(default=0.5, ge=0)  # sharpness of the length factor
-    # Correctness in the reward and in the Pareto objectives: token F1 (the paper's for QA) or
-    # exact match; a rollout above `success_threshold` is a success.
-    correctness: Literal["f1", "exact_match"] = "f1"
-    success_threshold: float = Field(default=0.8, ge=0, lt=1)  # correctness above this is a success
-    # Sample → select → RL iterations per curriculum stage; both sigmas fall linearly to 0 over
-    # them and start again at the next stage.
-    iterations: int = Field(default=1, ge=1)
-
-
-def apply_override(data: dict, assignment: str) -> None:
-    """`dpo.beta=0.2` sets data["dpo"]["beta"]; the value is parsed as YAML (numbers, lists...)."""
-    if "=" not in assignment:
-        raise ConfigError(f"override {assignment!r} is not of the form key=value (e.g. rounds=3)")
-    key, raw = assignment.split("=", 1)
-    *parents, leaf = key.strip().split(".")
-    node = data
-    for part in parents:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"override {assignment!r}: {part!r} is not a section")
-    try:
-        node[leaf] = yaml.safe_load(raw)
-    except yaml.YAMLError as error:
-        raise ConfigError(
-            f"override {assignment!r}: the value of {key.strip()} is not valid YAML: "
-            f"{yaml_problem(error)}"
-        ) from None
-
-
-def load_config(model: type[Strict], path: str | None = None, overrides: list[str] = ()) -> Strict:
-    data = read_config_file(path) if path else {}
-    for assignment in overrides:
-        apply_override(data, assignment)
-    return validate_config(model, data)
-
-
-def load_config_section(model: type[Strict], path: str, section: str) -> Strict:
-    """One section of a recipe config file (e.g. `env` for an environment server)."""
-    data = read_config_file(path)
-    try:
-        return validate_config(model, data.get(section) or {})
-    except ConfigError as error:
-        raise ConfigError(f"{path}: section {section!r}: {error}") from None
-
-
-def read_config_file(path: str) -> dict:
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"config file {path!r} does not exist")
-    try:
-        data = yaml.safe_load(file.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise ConfigError(
-            f"config file {path!r} is not valid YAML: {yaml_problem(error)}"
-        ) from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path!r} must hold a mapping of settings")
-    return data
-
-
-def yaml_problem(error: Exception) -> str:
-    """The parser's complaint in one line: where (line, column and the text there, which names
-    the setting) and what, instead of its multi-line report."""
-    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-    mark = getattr(error, "problem_mark", None)
-    if mark is None:
-        return problem
-    where = f"line {mark.line + 1}, column {mark.column + 1}: {problem}{yaml_line(mark)}"
-    start = getattr(error, "context_mark", None)
-    if start is not None and start.line != mark.line:  # an unclosed [ or ' opened earlier
-        where += f", {error.context} opened on line {start.line + 1}{yaml_line(start)}"
-    return where
-
-
-def yaml_line(mark) -> str:
-    lines = (mark.buffer or "").replace("\0", "").splitlines()
-    text = lines[mark.line].strip() if mark.line < len(lines) else ""
-    return f" (`{text}`)" if text else ""
-
-
-def validate_config(model: type[Strict], data: dict) -> Strict:
-    try:
-        return model.model_validate(data)
-    except ValidationError as error:
-        lines = []
-        for problem in error.errors():
-            field = ".".join(str(p) for p in problem["loc"]) or "(top level)"
-            if problem["type"] == "extra_forbidden":
-                lines.append(f"  {field}: {unknown_key_message(model, problem['loc'])}")
-            else:
-                lines.append(f"  {field}: {problem['msg']}")
-        raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
-
-
-def section_model(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None:
-    """The settings class at dotted `path` inside `model` (`["dpo"]` → DPOSettings), or None
-    where the path leaves the settings classes (a list entry, a free-form mapping)."""
-    for part in path:
-        field = model.model_fields.get(part)
-        if field is None:
-            return None
-        model = settings_class_of(field.annotation)
-        if model is None:
-            return None
-    return model
-
-
-def settings_class_of(annotation) -> type[BaseModel] | None:
-    """The settings class a field holds (also inside `X | None`), or None for a plain value."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    found = [settings_class_of(a) for a in get_args(annotation) if a is not type(None)]
-    found = [a for a in found if a is not None]
-    return found[0] if len(found) == 1 else None
-
-
-def setting_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """Every dotted key a config of `model` may set (`dpo.beta`, `env.qa.format`, ...)."""
-    keys = []
-    for name, field in model.model_fields.items():
-        nested = settings_class_of(field.annotation)
-        keys += setting_keys(nested, f"{prefix}{name}.") if nested else [f"{prefix}{name}"]
-    return keys
-
-
-def unknown_key_message(model: type[BaseModel], loc: tuple) -> str:
-    """Why a key is refused and what was probably meant: the nearest key of its section
-    (`dpo.betta` → dpo.beta), else keys elsewhere with that name (`beta` → dpo.beta), else the
-    section's keys."""
-    *parents, leaf = [str(part) for part in loc]
-    section = section_model(model, parents)
-    if section is None:
-        return "unknown setting"
-    prefix = "".join(f"{part}." for part in parents)
-    names = list(section.model_fields)
-    nearest = difflib.get_close_matches(leaf, names, n=1, cutoff=0.6)
-    if nearest:
-        return f"unknown setting; did you mean {prefix}{nearest[0]}?"
-    elsewhere = [key for key in setting_keys(model) if key.rsplit(".", 1)[-1] == leaf]
-    if elsewhere:
-        return f"unknown setting here; did you mean {' or '.join(elsewhere)}?"
-    where = f"section {prefix[:-1]}" if parents else "the top level"
-    return f"unknown setting; {where} has {', '.join(names)}"
-
-
-# ---- ET-Agent's self-evolving data flywheel -----------------------------------------------------
-
-
-class JudgeSettings(Strict):
-    """The model that names a trajectory's redundant step or its first flaw (`agents.judge`).
-
-    "policy": the policy model itself, on its own backend; "vllm": a local model folder in its
-    own in-process engine (beside the policy's: both must fit in memory); "openai": a model
-    served at `base_url` (any OpenAI-compatible completions endpoint). A reply without a step
-    number, a failed call or one past `timeout_s` falls back to the rule-based verdict."""
-
-    # Policy, vllm or openai (see the class docstring).
-    kind: Literal["policy", "vllm", "openai"] = "policy"
-    model: str | None = None  # vllm: a model folder; openai: the served model's name
-    base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000
-    max_tokens: int = Field(default=64, ge=1)  # per judge reply
-    timeout_s: float = Field(default=120.0, gt=0)  # per batched judge call
-
-    @model_validator(mode="after")
-    def _kind_has_what_it_needs(self) -> JudgeSettings:
-        if self.kind in ("vllm", "openai") and not self.model:
-            where = "a model folder" if self.kind == "vllm" else "the served model's name"
-            raise ValueError(f"judge.kind {self.kind!r} needs judge.model ({where})")
-        if self.kind == "openai" and not self.base_url:
-            raise ValueError("judge.kind 'openai' needs judge.base_url (e.g. http://host:8000)")
-        if self.kind == "policy" and (self.model or self.base_url):
-            raise ValueError(
-                "judge.kind 'policy' judges with the policy model: leave judge.model and "
-                "judge.base_url unset, or set judge.kind to 'vllm' or 'openai'"
-            )
-        return self
-
-
-class FlywheelSettings(Strict):
-    """ET-Agent's flywheel: rounds of evolving each question's best unused trajectory (a correct
-    one enhanced, a wrong one reflected); a trajectory is correct when its answer's token F1
-    exceeds `success_f1` (exact match where the episode has no F1)."""
-
-    rounds: int = Field(default=3, ge=0)  # rounds of evolving trajectories
-    temperature: float = Field(default=0.7, ge=0.0)  # the policy's sampling in every round
-    success_f1: float = Field(default=0.8, ge=0.0, le=1.0)  # a trajectory above this F1 is correct
-    judge: JudgeSettings = Field(default_factory=JudgeSettings)
-
-
-class ETAgentConfig(ToolRecipeConfig):
-    """One ET-Agent run on a tool environment: the warm start (SFT on the solver's tool
-    trajectories), the data flywheel on train questions and SFT on its correct trajectories (the
-    RFT policy), then `rounds` curriculum stages of behaviour-calibration RL: groups sampled →
-    Pareto-selected → efficiency-rewarded → RL, each stage from the last one's policy."""
-
-    run_name: str = "et-agent-qa"
-    rounds: int = Field(default=2, ge=0)  # curriculum stages
-    # Train questions the flywheel rolls out and evolves (a seeded slice of all of them).
-    flywheel_tasks: int = Field(default=64, ge=1)
-    rft: SFTSettings = Field(default_factory=SFTSettings)  # SFT on the flywheel's trajectories
-    # K = 8 episodes per question, stages easy first; a `sample` section changes only what it names
-    sample: SampleSettings = Field(
-        default_factory=lambda: SampleSettings(samples_per_task=8, curriculum="tool-calls")
-    )
-    calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
-    flywheel: FlywheelSettings = Field(default_factory=FlywheelSettings)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _paper_sampling(cls, data):
-        if isinstance(data, dict):
-            given = data.get("sample") or {}
-            if isinstance(given, dict):
-                data = {
-                    **data,
-                    "sample": {"samples_per_task": 8, "curriculum": "tool-calls", **given},
-                }
-        return data

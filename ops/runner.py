@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 
 from prefect import flow
 
+from flywheel.config_files import ConfigError
 from flywheel.records import FailedStage
-from flywheel.settings import ConfigError
 from flywheel.stage import (
     TrackingRef,
     artifact_key,
@@ -196,14 +196,15 @@ def check_trainer_settings(cfg) -> None:
     for field in type(cfg).model_fields:
         section = getattr(cfg, field)
         if isinstance(section, SFTSettings):
-            checks.append((field, SFTConfig, sft_trl_args(section, cfg.seed)))
+            checks.append((field, SFTConfig, section, sft_trl_args(section)))
         elif isinstance(section, DPOSettings):
-            checks.append((field, DPOConfig, dpo_trl_args(section, cfg.seed)))
+            checks.append((field, DPOConfig, section, dpo_trl_args(section)))
     with tempfile.TemporaryDirectory() as scratch:
-        for field, config_class, args in checks:
+        for field, config_class, settings, args in checks:
             job = TrainingJob(
-                model_dir="", data_file="", output_dir=f"{scratch}/out", trl_args=args
-            )
+                model_dir="", data_file="", output_dir=f"{scratch}/out", settings=settings,
+                seed=cfg.seed, trl_args=args,
+            )  # fmt: skip
             try:
                 config_class(**trainer_defaults(job))
             except (TypeError, ValueError) as error:
@@ -439,7 +440,7 @@ def run_named(config_class):
 def recipe_config(config_class, config: dict | None, config_file: str | None, overrides):
     """A recipe flow's parameters → its checked config: `config` (a mapping) or `config_file`
     (YAML), then `overrides` (`key=value`) on top."""
-    from flywheel.settings import load_config, validate_config
+    from flywheel.config_files import load_config, validate_config
 
     if config is not None:
         return validate_config(config_class, config)
@@ -454,8 +455,8 @@ def cli_main(
     import argparse
     import sys
 
+    from flywheel.config_files import load_config
     from flywheel.setting_docs import settings_help
-    from flywheel.settings import load_config
 
     parser = argparse.ArgumentParser(
         prog=prog,

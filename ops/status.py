@@ -305,7 +305,7 @@ def render(statuses: list[StageStatus], run_url: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flywheel.settings import ConfigError, load_config
+    from flywheel.config_files import ConfigError, load_config
     from ops.cli import recipe_commands
 
     parser = argparse.ArgumentParser(

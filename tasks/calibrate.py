@@ -12,14 +12,37 @@ dropped is written next to them, for a person reading why the policy learned wha
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from typing import Literal
+
+from pydantic import BaseModel, Field
 
 from agents.episode_metrics import generated_tokens
 from flywheel.records import Trajectory
-from flywheel.settings import CalibrationSettings
+from flywheel.settings import Strict
 from flywheel.stage import StageResult, StageRun, stage
 from training.efficiency import decayed_sigma, efficiency_rewards
 from training.pareto import GroupSelection, RolloutGroup, select_groups
+
+
+class CalibrationSettings(Strict):
+    """ET-Agent's behaviour calibration: which sampled groups an RL update trains on (group-wise
+    Pareto sampling) and the efficiency reward they earn (`training/efficiency.py`)."""
+
+    # "efficiency": ET-Agent's selection and reward; "plain": every sampled group with the
+    # environment's own reward (Agent-R1's GRPO on the same samples: the comparison).
+    method: Literal["efficiency", "plain"] = "efficiency"
+    # Groups Pareto sampling keeps at most per iteration (before the mixed-result filter);
+    # None: half the sampled groups.
+    budget: int | None = Field(default=None, ge=1)
+    sigma_tool: float = Field(default=0.2, ge=0)  # sharpness of the tool-call factor
+    sigma_length: float = Field(default=0.5, ge=0)  # sharpness of the length factor
+    # Correctness in the reward and in the Pareto objectives: token F1 (the paper's for QA) or
+    # exact match; a rollout above `success_threshold` is a success.
+    correctness: Literal["f1", "exact_match"] = "f1"
+    success_threshold: float = Field(default=0.8, ge=0, lt=1)  # correctness above this is a success
+    # Sample → select → RL iterations per curriculum stage; both sigmas fall linearly to 0 over
+    # them and start again at the next stage.
+    iterations: int = Field(default=1, ge=1)
 
 
 class CalibrateInputs(BaseModel):

@@ -28,16 +28,64 @@ import math
 import re
 import time
 from dataclasses import dataclass
+from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, field_validator, model_validator
 from tqdm import tqdm
 
 from agents.mcts import Critique, PathPair, SearchTree, TreeNode
 from flywheel.chat import ChatTokenizer
 from flywheel.inference import InferenceBackend, SamplingSettings
 from flywheel.records import Message
-from flywheel.settings import CritiqueSettings, EnvSettings, InferenceSettings
+from flywheel.settings import EnvSettings, InferenceSettings, Strict
 from flywheel.stage import StageResult, StageRun, stage
+
+
+class CritiqueSettings(Strict):
+    """The actor model judging a bad path step by step to find its first error.
+
+    `likelihood` scores each candidate reply ("Judgement: Good", "Judgement: Bad", ...) with the
+    model's own log-probability and takes the most likely, so every step gets a verdict;
+    `generate` lets the model write a reply and parses a verdict from it, which a small model
+    often leaves out (the step then has none).
+    """
+
+    # Likelihood or generate (see the class docstring).
+    method: Literal["likelihood", "generate"] = "likelihood"
+    max_tokens: int = Field(default=64, ge=1)  # per generated judgement (method generate)
+    history_steps: int = Field(default=6, ge=0)  # earlier steps shown before the judged one
+    # likelihood: the verdicts scored. Without "uncertain" the model must pick good or bad.
+    verdicts: list[Literal["good", "bad", "uncertain"]] = ["good", "bad", "uncertain"]
+    # likelihood: a winner at most this many nats (log-probability) ahead of the runner-up is
+    # a close call and becomes "uncertain" (the path goes on); 0 maps only exact ties.
+    margin: float = Field(default=0.0, ge=0.0)
+
+    @field_validator("verdicts")
+    @classmethod
+    def _two_distinct_verdicts(cls, verdicts: list[str]) -> list[str]:
+        if len(set(verdicts)) != len(verdicts) or len(verdicts) < 2:
+            raise ValueError(
+                "critique.verdicts needs at least two distinct verdicts of good, bad, uncertain"
+            )
+        if "bad" not in verdicts:
+            raise ValueError("critique.verdicts must include bad, or no first error is found")
+        return verdicts
+
+    # likelihood: contextual calibration (Zhao et al. 2021). "content_free" subtracts from each
+    # verdict's log-probability the one the model gives to the same prompt with the judged step
+    # replaced by "N/A" (its prior for that context), then picks the verdict; "none" does not.
+    calibration: Literal["none", "content_free"] = "none"
+    # Which judged step is the first error: "first_bad", the first step whose verdict is Bad
+    # (Agent-R; judging stops there); "most_bad" (likelihood), every step is judged and the one
+    # with the highest P(Bad) (after calibration, normalised over the verdicts) is the error.
+    locate: Literal["first_bad", "most_bad"] = "first_bad"
+
+    @model_validator(mode="after")
+    def _most_bad_needs_scores(self) -> CritiqueSettings:
+        if self.locate == "most_bad" and self.method != "likelihood":
+            raise ValueError("critique.locate most_bad needs critique.method likelihood")
+        return self
+
 
 VERIFIER_SYSTEM = "You review an agent's work one step at a time and say whether a step was right."
 VERDICTS = ("good", "bad", "uncertain")  # the order the question lists them in

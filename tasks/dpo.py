@@ -9,13 +9,13 @@ from flywheel.stage import StageResult, StageRun, stage
 from training.launch import trained_model
 
 
-def dpo_trl_args(settings: DPOSettings, seed: int) -> dict:
+def dpo_trl_args(settings: DPOSettings) -> dict:
+    """trl's DPOConfig arguments from the round's settings (the seed is the job's own field)."""
     return {
         "beta": settings.beta,
         "learning_rate": settings.learning_rate,
         "num_train_epochs": settings.epochs,
         "gradient_accumulation_steps": settings.accumulation_steps,
-        "seed": seed,
         # The reference model's log-probabilities, once per round before the first step instead
         # of a reference forward every step: same losses, 1.2-1.4x the trained tokens/s on 2
         # cores (bench/results-train-throughput.md).
@@ -36,7 +36,7 @@ class DPOInputs(BaseModel):
 @stage("dpo", launches=("training.dpo",))
 def dpo_stage(inputs: DPOInputs, run: StageRun) -> StageResult:
     """The DPO'd policy in `model/`, trl's log in `train.log`, its last metrics."""
-    trl_args = dpo_trl_args(inputs.settings, inputs.seed)
     return trained_model(
-        run, "training.dpo", inputs.model_url, inputs.pairs_url, inputs.settings, trl_args
-    )
+        run, "training.dpo", inputs.model_url, inputs.pairs_url, inputs.settings, inputs.seed,
+        dpo_trl_args(inputs.settings),
+    )  # fmt: skip

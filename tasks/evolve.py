@@ -1,4 +1,5 @@
-"""Stage: ET-Agent's self-evolving data flywheel, on the policy's own trajectories.
+"""Stage: ET-Agent's data evolution (the paper's "self-evolving data flywheel"), on the policy's
+own trajectories.
 
 Each train question is rolled out once by the policy. Then, for up to `rounds` rounds, each
 question's best trajectory not yet used (correct first, then fewer tool calls, then fewer agent
@@ -16,7 +17,7 @@ turns) is evolved:
 Continuations replay the kept prefix in the environment (`agents.rollout.continue_batched`),
 all of a round's in one batch. A trajectory is correct when its answer's token F1 exceeds
 `success_f1` (exact match where the episode reports no F1). Every correct trajectory is kept for
-training, with the hint dropped (the flywheel record keeps it) and `source` naming the operator
+training, with the hint dropped (its `EvolveRecord` keeps it) and `source` naming the operator
 that made it; the kept messages' token ids are as generated (a rewritten turn is written, not
 generated: it has none, and is rendered from its text). A question stops when a round brings
 nothing new for it (a trajectory whose agent turns all equal an earlier one's is not new).
@@ -27,8 +28,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, model_validator
 
 from agents.formats import AgentFormat, FinalAnswer, ParseError, make_format
 from agents.judge import Judge, Verdict, episode_steps
@@ -43,8 +45,54 @@ from flywheel.inference import (
     open_backend,
 )
 from flywheel.records import Message, Trajectory
-from flywheel.settings import EnvSettings, FlywheelSettings, InferenceSettings, JudgeSettings
+from flywheel.settings import (
+    EnvSettings,
+    InferenceSettings,
+    Strict,
+)
 from flywheel.stage import StageResult, StageRun, publish_markdown, stage
+
+
+class JudgeSettings(Strict):
+    """The model that names a trajectory's redundant step or its first flaw (`agents.judge`).
+
+    "policy": the policy model itself, on its own backend; "vllm": a local model folder in its
+    own in-process engine (beside the policy's: both must fit in memory); "openai": a model
+    served at `base_url` (any OpenAI-compatible completions endpoint). A reply without a step
+    number, a failed call or one past `timeout_s` falls back to the rule-based verdict."""
+
+    # Policy, vllm or openai (see the class docstring).
+    kind: Literal["policy", "vllm", "openai"] = "policy"
+    model: str | None = None  # vllm: a model folder; openai: the served model's name
+    base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000
+    max_tokens: int = Field(default=64, ge=1)  # per judge reply
+    timeout_s: float = Field(default=120.0, gt=0)  # per batched judge call
+
+    @model_validator(mode="after")
+    def _kind_has_what_it_needs(self) -> JudgeSettings:
+        if self.kind in ("vllm", "openai") and not self.model:
+            where = "a model folder" if self.kind == "vllm" else "the served model's name"
+            raise ValueError(f"judge.kind {self.kind!r} needs judge.model ({where})")
+        if self.kind == "openai" and not self.base_url:
+            raise ValueError("judge.kind 'openai' needs judge.base_url (e.g. http://host:8000)")
+        if self.kind == "policy" and (self.model or self.base_url):
+            raise ValueError(
+                "judge.kind 'policy' judges with the policy model: leave judge.model and "
+                "judge.base_url unset, or set judge.kind to 'vllm' or 'openai'"
+            )
+        return self
+
+
+class EvolveSettings(Strict):
+    """ET-Agent's data evolution: rounds of evolving each question's best unused trajectory (a correct
+    one enhanced, a wrong one reflected); a trajectory is correct when its answer's token F1
+    exceeds `success_f1` (exact match where the episode has no F1)."""
+
+    rounds: int = Field(default=3, ge=0)  # rounds of evolving trajectories
+    temperature: float = Field(default=0.7, ge=0.0)  # the policy's sampling in every round
+    success_f1: float = Field(default=0.8, ge=0.0, le=1.0)  # a trajectory above this F1 is correct
+    judge: JudgeSettings = Field(default_factory=JudgeSettings)
+
 
 OPERATORS = (
     "rollout",
@@ -62,20 +110,20 @@ ANSWER_HINT = (
 
 
 class EvolveInputs(BaseModel):
-    """The flywheel over `task_ids` (train questions) with the policy at `model_url`."""
+    """Data evolution over `task_ids` (train questions) with the policy at `model_url`."""
 
     model_url: str
     env: EnvSettings
     task_ids: list[str]
     prefix: list[Message]
     inference: InferenceSettings
-    settings: FlywheelSettings
+    settings: EvolveSettings
     max_steps: int
     seed: int
 
 
-class FlywheelRecord(BaseModel):
-    """One trajectory the flywheel made, and what became of it."""
+class EvolveRecord(BaseModel):
+    """One trajectory the evolution made, and what became of it."""
 
     question: str
     id: str  # "<question>#<n>"
@@ -94,7 +142,7 @@ class FlywheelRecord(BaseModel):
 
 @dataclass
 class Candidate:
-    """A trajectory of a question's pool: one the flywheel may evolve."""
+    """A trajectory of a question's pool: one the evolution may evolve further."""
 
     id: str
     trajectory: Trajectory
@@ -127,7 +175,7 @@ class Pools:
     """Every question's trajectories so far, and the records of all of them."""
 
     pools: dict[str, list[Candidate]] = field(default_factory=dict)
-    records: list[FlywheelRecord] = field(default_factory=list)
+    records: list[EvolveRecord] = field(default_factory=list)
     kept: list[Trajectory] = field(default_factory=list)
 
     def add(self, question, round_no, trajectory, correct, plan: Plan | None) -> bool:
@@ -151,7 +199,7 @@ class Pools:
             if correct:
                 self.kept.append(trajectory)
         self.records.append(
-            FlywheelRecord(
+            EvolveRecord(
                 question=question, id=made, round=round_no,
                 parent=plan.parent.id if plan else None, operator=operator,
                 verdict=plan.verdict if plan else None, hint=plan.hint if plan else None,
@@ -162,7 +210,7 @@ class Pools:
         )  # fmt: skip
         return new
 
-    def records_of(self, question: str) -> list[FlywheelRecord]:
+    def records_of(self, question: str) -> list[EvolveRecord]:
         return [r for r in self.records if r.question == question]
 
     def pick(self, question: str) -> Candidate | None:
@@ -269,14 +317,14 @@ def reflect(parent: Candidate, verdict: Verdict, agent_format: AgentFormat) -> P
 
 
 @dataclass
-class Flywheel:
+class Evolution:
     """The rounds, on an environment, a policy (`backend` through `chat`) and a judge."""
 
     env: Environment
     backend: InferenceBackend
     chat: ChatTokenizer
     judge: Judge
-    settings: FlywheelSettings
+    settings: EvolveSettings
     rollout: RolloutSettings
     seed: int
     pools: Pools = field(default_factory=Pools)
@@ -382,9 +430,13 @@ def judge_model(settings: JudgeSettings, inference: InferenceSettings, chat, pol
     return judge_chat, backend
 
 
-def flywheel_numbers(wheel: Flywheel, questions: int) -> tuple[dict, dict]:
-    records = wheel.pools.records
-    counts = {"questions": questions, "rollouts": wheel.episodes, "rounds": wheel.rounds_played}
+def evolution_numbers(evolution: Evolution, questions: int) -> tuple[dict, dict]:
+    records = evolution.pools.records
+    counts = {
+        "questions": questions,
+        "rollouts": evolution.episodes,
+        "rounds": evolution.rounds_played,
+    }
     for operator in OPERATORS:
         counts[f"kept_{operator}"] = sum(r.kept and r.operator == operator for r in records)
     verdicts = [r.verdict for r in records if r.verdict is not None]
@@ -394,12 +446,12 @@ def flywheel_numbers(wheel: Flywheel, questions: int) -> tuple[dict, dict]:
         v.error is not None and v.error.startswith(("timeout", "error")) for v in verdicts
     )
     counts["replay_failures"] = sum(r.finish_reason.startswith("replay-") for r in records)
-    kept = wheel.pools.kept
+    kept = evolution.pools.kept
     counts["kept"] = len(kept)
     calls = [t.metrics.get("tool_calls", 0.0) for t in kept]
     metrics = {
-        "solved_before": wheel.pools.solved(0) / questions if questions else 0.0,
-        "solved_after": wheel.pools.solved() / questions if questions else 0.0,
+        "solved_before": evolution.pools.solved(0) / questions if questions else 0.0,
+        "solved_after": evolution.pools.solved() / questions if questions else 0.0,
         "judge_verdict_share": counts["verdicts_judge"] / len(verdicts) if verdicts else 0.0,
         "kept_mean_tool_calls": sum(calls) / len(calls) if calls else 0.0,
     }
@@ -408,12 +460,12 @@ def flywheel_numbers(wheel: Flywheel, questions: int) -> tuple[dict, dict]:
 
 def summary_markdown(counts: dict, metrics: dict) -> str:
     lines = [
-        "# ET-Agent flywheel",
+        "# ET-Agent data evolution",
         "",
         f"- questions: {counts['questions']}, rounds played: {counts['rounds']}, "
         f"episodes: {counts['rollouts']}",
         f"- questions with a correct trajectory: {metrics['solved_before']:.1%} after the "
-        f"first rollout, {metrics['solved_after']:.1%} after the flywheel",
+        f"first rollout, {metrics['solved_after']:.1%} after evolving",
         f"- verdicts: {counts['verdicts_judge']} from the judge, {counts['verdicts_rules']} "
         f"from the rules ({counts['judge_failures']} after a failed or timed-out call)",
         f"- kept trajectories: mean {metrics['kept_mean_tool_calls']:.2f} tool calls",
@@ -433,10 +485,10 @@ def body(inputs: EvolveInputs, run: StageRun) -> StageResult:
     chat, backend, judge = open_models(inputs, run.store)
     sampling = SamplingSettings(max_tokens=inputs.inference.max_tokens)
     rollout = RolloutSettings(inputs.max_steps, inputs.inference.max_model_len, sampling)
-    wheel = Flywheel(env, backend, chat, judge, inputs.settings, rollout, inputs.seed)
+    evolution = Evolution(env, backend, chat, judge, inputs.settings, rollout, inputs.seed)
     started = time.perf_counter()
-    pools = wheel.run(inputs.task_ids, inputs.prefix)
-    counts, metrics = flywheel_numbers(wheel, len(dict.fromkeys(inputs.task_ids)))
+    pools = evolution.run(inputs.task_ids, inputs.prefix)
+    counts, metrics = evolution_numbers(evolution, len(dict.fromkeys(inputs.task_ids)))
     metrics["seconds"] = time.perf_counter() - started
     files = {
         "trajectories": run.store.write_records(run.file("trajectories.jsonl"), pools.kept),
@@ -444,8 +496,8 @@ def body(inputs: EvolveInputs, run: StageRun) -> StageResult:
     }
     markdown = summary_markdown(counts, metrics)
     files["summary"] = run.store.write_text(run.file("summary.md"), markdown)
-    publish_markdown(markdown, f"{run.url}-flywheel", "ET-Agent flywheel")
+    publish_markdown(markdown, f"{run.url}-evolve", "ET-Agent data evolution")
     return StageResult(files=files, counts=counts, metrics=metrics)
 
 
-flywheel_stage = stage("flywheel")(body)
+evolve_stage = stage("evolve")(body)

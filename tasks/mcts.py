@@ -8,13 +8,27 @@ from __future__ import annotations
 
 import time
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from agents.mcts import SearchLimits, SearchTree, render, search
 from flywheel.inference import SamplingSettings
 from flywheel.records import Message
-from flywheel.settings import EnvSettings, InferenceSettings, MCTSSettings
+from flywheel.settings import EnvSettings, InferenceSettings, RoundSlices
 from flywheel.stage import StageResult, StageRun, stage
+
+
+class MCTSSettings(RoundSlices):
+    """Agent-R's tree search over the agent's actions, one tree per train task."""
+
+    iterations: int = Field(default=8, ge=1)  # descents from the root per tree
+    max_depth: int = Field(default=12, ge=1)  # a node this deep is terminal (agent turns)
+    samples_per_node: int = Field(default=4, ge=1)  # N replies sampled per expansion
+    # UCT: mean value + c * sqrt(ln(parent visits) / visits); Agent-R uses 0.25.
+    exploration_constant: float = Field(default=0.25, ge=0)
+    temperature: float = Field(default=1.0, gt=0)  # sampling must differ for N samples to help
+    # Build a child from its parent's snapshot (one environment step) where the environment can
+    # snapshot; False replays the whole path from a fresh episode for every child (Agent-R's way).
+    restore_state: bool = True
 
 
 def search_limits(settings: MCTSSettings, inference: InferenceSettings, seed: int) -> SearchLimits:

@@ -9,14 +9,6 @@ from flywheel.stage import StageResult, StageRun, stage
 from training.launch import trained_model
 
 
-def rl_job_fields(settings: RLSettings, seed: int) -> dict:
-    """What `training.rl` reads from the job file besides the model, data and length."""
-    return {
-        "rl": settings.model_dump(mode="json"),
-        "seed": seed,
-    }
-
-
 class RLInputs(BaseModel):
     """The policy the trajectories were sampled from (also the KL reference) and those
     trajectories, with group ids, rewards, token ids and, where recorded, log-probabilities."""
@@ -31,6 +23,6 @@ class RLInputs(BaseModel):
 def rl_stage(inputs: RLInputs, run: StageRun) -> StageResult:
     """The updated policy in `model/`, the trainer's log in `train.log`, its last metrics."""
     return trained_model(
-        run, "training.rl", inputs.model_url, inputs.data_url, inputs.settings, trl_args={},
-        job_fields=rl_job_fields(inputs.settings, inputs.seed),
+        run, "training.rl", inputs.model_url, inputs.data_url, inputs.settings, inputs.seed,
+        trl_args={},
     )  # fmt: skip

@@ -9,14 +9,14 @@ from flywheel.stage import StageResult, StageRun, stage
 from training.launch import trained_model
 
 
-def sft_trl_args(settings: SFTSettings, seed: int) -> dict:
+def sft_trl_args(settings: SFTSettings) -> dict:
+    """trl's SFTConfig arguments from the settings (the run's seed is the job's own field)."""
     return {
         "num_train_epochs": settings.epochs,
         "learning_rate": settings.learning_rate,
         "gradient_accumulation_steps": settings.accumulation_steps,
         "lr_scheduler_type": "cosine",
         "warmup_steps": 0.05,  # a fraction of all steps
-        "seed": seed,
         **settings.trl_args,
     }
 
@@ -33,7 +33,7 @@ class SFTInputs(BaseModel):
 @stage("sft", launches=("training.sft",))
 def sft_stage(inputs: SFTInputs, run: StageRun) -> StageResult:
     """The fine-tuned model in `model/`, trl's log in `train.log`, its last metrics."""
-    trl_args = sft_trl_args(inputs.settings, inputs.seed)
     return trained_model(
-        run, "training.sft", inputs.model_url, inputs.data_url, inputs.settings, trl_args
-    )
+        run, "training.sft", inputs.model_url, inputs.data_url, inputs.settings, inputs.seed,
+        sft_trl_args(inputs.settings),
+    )  # fmt: skip

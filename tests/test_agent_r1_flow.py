@@ -156,9 +156,9 @@ def test_a_ppo_policy_with_its_value_head_loads_in_vllm(tmp_path, tiny_model_dir
 
     data = tmp_path / "group.jsonl"
     data.write_text("".join(answered(c).model_dump_json() + "\n" for c in ("blue", "red")))
-    settings = RLSettings(estimator="ppo", learning_rate=1e-3, batch_size=2)
-    job = TrainingJob(str(tiny_model_dir), str(data), str(tmp_path / "model"), max_length=512,
-                      rl=settings.model_dump())  # fmt: skip
+    settings = RLSettings(estimator="ppo", learning_rate=1e-3, batch_size=2, max_length=512)
+    job = TrainingJob(model_dir=str(tiny_model_dir), data_file=str(data),
+                      output_dir=str(tmp_path / "model"), settings=settings, seed=0)  # fmt: skip
     rl.train(job)
     assert (tmp_path / "model" / rl.VALUE_HEAD_FILE).is_file()
     prompt = chat.tokenizer("The sky is", add_special_tokens=False)["input_ids"]

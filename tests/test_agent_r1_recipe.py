@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from flows.agent_r1 import AgentR1
-from flywheel.settings import AgentR1Config
+from flows.agent_r1 import AgentR1, AgentR1Config
 from flywheel.storage import ArtifactStore
 
 

@@ -22,10 +22,10 @@ from flows.agent_r import agent_r, agent_r_campaign
 from flywheel.chat import ChatTokenizer
 from flywheel.inference import release_vllm
 from flywheel.records import Trajectory
-from flywheel.settings import CritiqueSettings, EnvSettings, InferenceSettings, SFTSettings
+from flywheel.settings import EnvSettings, InferenceSettings, SFTSettings
 from flywheel.stage import StageOutput
 from flywheel.storage import ArtifactStore
-from tasks.critique import CritiqueInputs, critique_stage
+from tasks.critique import CritiqueInputs, CritiqueSettings, critique_stage
 from tasks.select_paths import SelectPathsInputs, select_paths_stage
 from tasks.sft import SFTInputs, sft_stage
 from tasks.splice import SpliceInputs, splice_stage

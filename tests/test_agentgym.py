@@ -29,7 +29,8 @@ from envs.agentgym import (
     served_task_ids,
 )
 from envs.serve import LocalServer
-from flywheel.settings import ConfigError, EnvSettings
+from flywheel.config_files import ConfigError
+from flywheel.settings import EnvSettings
 from tasks.episodes import EpisodesLost, raise_if_lost
 
 FAST = ClientSettings(timeout_s=2.0, connect_timeout_s=0.5, retries=1, backoff_s=0.05)
@@ -326,7 +327,8 @@ def test_a_hanging_server_times_out_with_a_clear_error():
 
 
 def test_server_settings_are_checked_kept_by_the_cli_and_out_of_cache_keys():
-    from flywheel.settings import ETOConfig, load_config, validate_config
+    from flows.eto import ETOConfig
+    from flywheel.config_files import load_config, validate_config
     from flywheel.storage import ArtifactStore
 
     def key(env):  # as stages key on their environment
@@ -354,7 +356,8 @@ def test_server_settings_are_checked_kept_by_the_cli_and_out_of_cache_keys():
 
 
 def test_a_run_on_an_agentgym_server_without_expert_is_refused_before_work(server, tmp_path):
-    from flywheel.settings import ETOConfig, validate_config
+    from flows.eto import ETOConfig
+    from flywheel.config_files import validate_config
     from ops.runner import preflight
 
     config = {

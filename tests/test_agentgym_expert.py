@@ -31,10 +31,11 @@ from envs.agentgym_expert import (
     textcraft_plan,
 )
 from envs.serve import LocalServer
+from flows.eto import ETOConfig
 from flywheel.chat import format_reply
 from flywheel.inference import Generation
 from flywheel.records import Message, Trajectory
-from flywheel.settings import EnvSettings, ETOConfig
+from flywheel.settings import EnvSettings
 from flywheel.stage import StageOutput
 from flywheel.storage import ArtifactStore
 from ops.runner import check_task_lists

@@ -41,7 +41,9 @@ def test_the_bootstrap_interval_is_a_point_when_every_seed_and_task_agree():
 
 
 def test_every_budget_is_valid_settings_of_its_recipe():
-    from flywheel.settings import AgentRConfig, ETOConfig, load_config
+    from flows.agent_r import AgentRConfig
+    from flows.eto import ETOConfig
+    from flywheel.config_files import load_config
 
     models = {"eto": ETOConfig, "agent-r": AgentRConfig}
     for gpu in (False, True):
@@ -62,7 +64,8 @@ def arguments(tmp_path, *extra):
 
 
 def test_the_split_flag_reaches_the_flows_and_validation_is_held_out_either_way(tmp_path):
-    from flywheel.settings import ETOConfig, load_config
+    from flows.eto import ETOConfig
+    from flywheel.config_files import load_config
 
     for split in ("test", "validation"):
         overrides = efficacy.recipe_settings("eto", arguments(tmp_path, "--split", split))

@@ -8,10 +8,9 @@ import math
 import pytest
 
 from flywheel.records import Message, Trajectory
-from flywheel.settings import CalibrationSettings
 from flywheel.stage import StageOutput
 from flywheel.storage import ArtifactStore
-from tasks.calibrate import CalibrateInputs, calibrate_stage, iteration_sigmas
+from tasks.calibrate import CalibrateInputs, CalibrationSettings, calibrate_stage, iteration_sigmas
 
 
 def episode(group: str, f1: float, calls: int, tokens: int, valid: bool = True) -> Trajectory:

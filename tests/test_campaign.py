@@ -17,8 +17,8 @@ import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 
+from flows.eto import ETOConfig
 from flywheel.records import Campaign, CampaignRound, Manifest
-from flywheel.settings import ETOConfig
 from flywheel.storage import ArtifactStore
 from ops.campaign import load_campaign, new_round, run_campaign, slot_name
 

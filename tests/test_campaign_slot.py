@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 CAMPAIGN_RUN = """\
 import json, sys, time
 from prefect import flow
-from flywheel.settings import ETOConfig
+from flows.eto import ETOConfig
 from ops.campaign import new_round, run_campaign
 
 def sleepy_round(cfg, store, tracking, campaign):

@@ -91,7 +91,9 @@ def test_a_value_that_would_need_pickling_is_refused():
 
 def plan(tmp_path, key: str) -> CheckpointPlan:
     store = ArtifactStore(str(tmp_path / "store"))
-    return CheckpointPlan(store.root, store.url("sft/checkpoint"), key, every_steps=1)
+    return CheckpointPlan(
+        store_url=store.root, url=store.url("sft/checkpoint"), key=key, every_steps=1
+    )
 
 
 def files(tmp_path, content: str) -> dict:
@@ -203,24 +205,23 @@ class Run:
 
 def test_a_stage_checkpoints_only_under_its_key_and_removes_its_checkpoints(tmp_path):
     run = Run(tmp_path, "key-a")
-    assert checkpoint_plan(run, 50) == {
-        "store_url": run.store.root, "url": f"{run.url}/checkpoint", "key": "key-a",
-        "every_steps": 50,
-    }  # fmt: skip
+    assert checkpoint_plan(run, 50) == CheckpointPlan(
+        store_url=run.store.root, url=f"{run.url}/checkpoint", key="key-a", every_steps=50
+    )
     assert checkpoint_plan(run, 0) is None  # turned off
     assert checkpoint_plan(Run(tmp_path, None), 50) is None  # a bare body has no key
-    publish_checkpoint(CheckpointPlan(**checkpoint_plan(run, 50)), files(tmp_path, "x"), step=1)
+    publish_checkpoint(checkpoint_plan(run, 50), files(tmp_path, "x"), step=1)
     run.store.write_text(run.file("model/config.json"), "{}")
     remove_checkpoints(run.store, run.url)
     assert run.store.list_files(run.url) == [run.file("model/config.json")]
 
 
 def test_the_trainer_saves_every_n_steps_only_with_a_plan():
-    job = TrainingJob("m", "d", "/o")
+    job = TrainingJob(model_dir="m", data_file="d", output_dir="/o", settings=SFTSettings(), seed=0)
     assert checkpointing(job) == {"save_strategy": "no"}
-    job.checkpoint = {"store_url": "file:///s", "url": "file:///s/c", "key": "k", "every_steps": 0}
-    assert checkpointing(job) == {"save_strategy": "no"}
-    job.checkpoint["every_steps"] = 25
+    job.checkpoint = CheckpointPlan(
+        store_url="file:///s", url="file:///s/c", key="k", every_steps=25
+    )
     assert checkpointing(job) == {
         "save_strategy": "steps", "save_steps": 25, "save_total_limit": 1
     }  # fmt: skip

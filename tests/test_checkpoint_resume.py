@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from flywheel.settings import DPOSettings, SFTSettings
 from flywheel.storage import ArtifactStore
-from training.checkpoint import COMPLETE
+from training.checkpoint import COMPLETE, CheckpointPlan
 from training.job import TrainingJob
 
 pytestmark = pytest.mark.slow
@@ -56,8 +57,9 @@ def killed_and_resumed(module, tmp_path, make_job, total_steps: int) -> tuple[di
     """The job run through (no checkpoints) and the job killed after its first checkpoint and
     run again in a fresh work folder; each run's (weights, per-step history, metrics)."""
     store = ArtifactStore(str(tmp_path / "store"))
-    plan = {"store_url": store.root, "url": store.url("stage/checkpoint"), "key": "k1",
-            "every_steps": 2}  # fmt: skip
+    plan = CheckpointPlan(
+        store_url=store.root, url=store.url("stage/checkpoint"), key="k1", every_steps=2
+    )
     runs = {}
     for name, checkpoint in (("through", None), ("killed", plan), ("resumed", plan)):
         folder = tmp_path / name
@@ -65,14 +67,14 @@ def killed_and_resumed(module, tmp_path, make_job, total_steps: int) -> tuple[di
         job = make_job(folder, checkpoint)
         process = run_job(module, job, folder)
         if name == "killed":
-            step = kill_after_first_checkpoint(process, store, plan["url"])
+            step = kill_after_first_checkpoint(process, store, plan.url)
             assert process.returncode == -signal.SIGKILL and 0 < step < total_steps
             continue
         finish(process, folder)
         metrics = json.loads((folder / "metrics.json").read_text())
         history = json.loads((folder / "history.json").read_text())
         runs[name] = (load_file(Path(job.output_dir) / "model.safetensors"), history, metrics)
-    assert f"resuming from checkpoint {plan['url']}" in (tmp_path / "resumed/train.log").read_text()
+    assert f"resuming from checkpoint {plan.url}" in (tmp_path / "resumed/train.log").read_text()
     return runs["through"], runs["resumed"]
 
 
@@ -100,14 +102,15 @@ def test_sft_killed_mid_training_resumes_to_the_uninterrupted_result(
 ):
     # 6 trajectories, 1 per step, 2 epochs: 12 optimizer steps; a cosine schedule with warmup,
     # so that the scheduler's state matters.
-    def make_job(folder: Path, checkpoint: dict | None) -> TrainingJob:
+    def make_job(folder: Path, checkpoint: CheckpointPlan | None) -> TrainingJob:
         monkeypatch.setenv("FLYWHEEL_METRICS_FILE", str(folder / "metrics.json"))
         return TrainingJob(
             model_dir=str(tiny_model_dir), data_file=expert_data, output_dir=str(folder / "model"),
-            max_length=512, checkpoint=checkpoint, history_file=str(folder / "history.json"),
+            settings=SFTSettings(max_length=512), seed=3, checkpoint=checkpoint,
+            history_file=str(folder / "history.json"),
             trl_args={
                 "num_train_epochs": 2, "learning_rate": 1e-3, "lr_scheduler_type": "cosine",
-                "warmup_steps": 0.2, "seed": 3, "output_dir": str(folder / "work"),
+                "warmup_steps": 0.2, "output_dir": str(folder / "work"),
                 "report_to": "none", "disable_tqdm": True,
             },
         )  # fmt: skip
@@ -137,13 +140,14 @@ def test_dpo_killed_mid_training_resumes_to_the_uninterrupted_result(
     pairs = [make_pair(chosen, rejected) for chosen, rejected in ((3, 2), (2, 4), (4, 1), (1, 3))]
     data = write_pairs(tmp_path / "pairs.jsonl", pairs)
 
-    def make_job(folder: Path, checkpoint: dict | None) -> TrainingJob:
+    def make_job(folder: Path, checkpoint: CheckpointPlan | None) -> TrainingJob:
         monkeypatch.setenv("FLYWHEEL_METRICS_FILE", str(folder / "metrics.json"))
         return TrainingJob(
             model_dir=str(tiny_model_dir), data_file=data, output_dir=str(folder / "model"),
-            max_length=512, checkpoint=checkpoint, history_file=str(folder / "history.json"),
+            settings=DPOSettings(max_length=512), seed=3, checkpoint=checkpoint,
+            history_file=str(folder / "history.json"),
             trl_args={
-                "num_train_epochs": 2, "learning_rate": 1e-3, "beta": 0.1, "seed": 3,
+                "num_train_epochs": 2, "learning_rate": 1e-3, "beta": 0.1,
                 "lr_scheduler_type": "cosine", "warmup_steps": 0.2,
                 "precompute_ref_log_probs": True, "output_dir": str(folder / "work"),
                 "report_to": "none", "disable_tqdm": True,
@@ -179,11 +183,11 @@ def test_rl_killed_mid_training_resumes_to_the_uninterrupted_result(
     settings = RLSettings(estimator="rloo", learning_rate=1e-3, epochs=2, batch_size=2,
                           kl_beta=0.0, max_length=512)  # fmt: skip
 
-    def make_job(folder: Path, checkpoint: dict | None) -> TrainingJob:
+    def make_job(folder: Path, checkpoint: CheckpointPlan | None) -> TrainingJob:
         monkeypatch.setenv("FLYWHEEL_METRICS_FILE", str(folder / "metrics.json"))
         return TrainingJob(
             model_dir=str(tiny_model_dir), data_file=str(data), output_dir=str(folder / "model"),
-            max_length=512, rl=settings.model_dump(mode="json"), seed=5, checkpoint=checkpoint,
+            settings=settings, seed=5, checkpoint=checkpoint,
             history_file=str(folder / "history.json"),
         )  # fmt: skip
 

@@ -9,17 +9,12 @@ import time
 import pytest
 import yaml
 
-from flows.eto import main
+from flows.agent_r import AgentRConfig
+from flows.agent_r1 import AgentR1Config
+from flows.et_agent import ETAgentConfig
+from flows.eto import ETOConfig, main
+from flywheel.config_files import ConfigError, load_config, setting_keys
 from flywheel.setting_docs import class_comments, first_sentence, setting_docs, settings_help
-from flywheel.settings import (
-    AgentR1Config,
-    AgentRConfig,
-    ConfigError,
-    ETAgentConfig,
-    ETOConfig,
-    load_config,
-    setting_keys,
-)
 
 RECIPE_CONFIGS = [ETOConfig, AgentRConfig, AgentR1Config, ETAgentConfig]
 

@@ -10,10 +10,12 @@ from pydantic import ValidationError
 from tree_nodes import crafting_tree, step
 
 from agents.mcts import PathPair, SearchTree
-from flywheel.settings import AgentRConfig, CritiqueSettings, load_config
+from flows.agent_r import AgentRConfig
+from flywheel.config_files import load_config
 from tasks.critique import (
     ELIDED,
     VERDICTS,
+    CritiqueSettings,
     bad_probability,
     calibrate,
     choose_verdict,

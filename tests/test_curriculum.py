@@ -8,9 +8,9 @@ import pytest
 from conftest import tiny_tool_recipe
 
 from envs.qa_data import QARecord
-from flows.agent_r1 import AgentR1, easy_first_slice
-from flows.et_agent import ETAgent
-from flywheel.settings import AgentR1Config, ETAgentConfig, round_slice
+from flows.agent_r1 import AgentR1, AgentR1Config, easy_first_slice
+from flows.et_agent import ETAgent, ETAgentConfig
+from flywheel.settings import round_slice
 from flywheel.storage import ArtifactStore
 
 
@@ -42,11 +42,11 @@ def test_easy_first_takes_each_level_in_order_and_never_a_question_twice():
 
 
 def recipe(recipe_class, config_class, tmp_path, **sample):
-    raw = tiny_tool_recipe("curriculum", tmp_path, flywheel_tasks=40)
+    raw = tiny_tool_recipe("curriculum", tmp_path, evolve_tasks=40)
     raw["sample"] = {"tasks_per_round": 16, **sample}
     raw["env"] = {**raw["env"], "train_tasks": 64}
     if recipe_class is AgentR1:
-        del raw["flywheel_tasks"]
+        del raw["evolve_tasks"]
     cfg = config_class.model_validate(raw)
     return recipe_class(cfg, ArtifactStore(str(tmp_path / "store")), tracking=None)
 
@@ -62,7 +62,7 @@ def test_et_agent_stages_admit_harder_questions_one_level_at_a_time(tmp_path):
     assert {calls[q] for q in stages[0]} == {2}
     assert max(calls[q] for q in stages[1]) == 3
     assert max(calls[q] for q in stages[2]) == 4
-    # no question twice, none the flywheel evolved (RFT trained on those)
+    # no question twice, none the evolve stage evolved (RFT trained on those)
     chosen = [q for s in stages for q in s]
     assert len(set(chosen)) == len(chosen)
     assert not set(chosen) & set(et.questions()[:40])

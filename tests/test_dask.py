@@ -10,8 +10,8 @@ from prefect import flow
 
 from agents.rollout import agent_prefix
 from envs import make_env
+from flows.eto import ETOConfig
 from flywheel.records import Trajectory
-from flywheel.settings import ETOConfig
 from flywheel.stage import StageOutput
 from flywheel.storage import ArtifactStore
 from ops.runner import run_tracked, share_prefect_api

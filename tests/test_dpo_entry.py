@@ -12,8 +12,18 @@ pytest.importorskip("trl")
 
 import training.dpo as dpo  # noqa: E402
 from flywheel.records import Message, Pair  # noqa: E402
+from flywheel.settings import DPOSettings  # noqa: E402
 from training.datasets import dpo_rows  # noqa: E402
 from training.job import TrainingJob  # noqa: E402
+
+
+def dpo_job(model_dir: str, data_file: str, output_dir, trl_args=None, **settings) -> TrainingJob:
+    """A DPO job; `settings` unchecked, so that a test may fit nothing in a short max_length."""
+    return TrainingJob[DPOSettings](
+        model_dir=model_dir, data_file=data_file, output_dir=str(output_dir), seed=0,
+        settings=DPOSettings().model_copy(update=settings), trl_args=trl_args or {},
+    )  # fmt: skip
+
 
 SYSTEM = Message(role="system", content="You craft items.")
 TASK = Message(role="user", content="Goal: craft x.")
@@ -81,9 +91,8 @@ def test_train_hands_the_trainer_masked_rows_and_a_collator_cut_like_trl(tmp_pat
     long = make_pair(12, 1)  # shortened to fit, still kept
     pairs.append(long)
     max_length = prompt_len + 120
-    job = TrainingJob(model_dir="m", data_file=write_pairs(tmp_path / "p.jsonl", pairs),
-                      output_dir=str(tmp_path / "out"), max_length=max_length,
-                      frozen_layers=1)  # fmt: skip
+    data = write_pairs(tmp_path / "p.jsonl", pairs)
+    job = dpo_job("m", data, tmp_path / "out", max_length=max_length, frozen_layers=1)
     metrics = dpo.train(job)
 
     want_rows, counts = dpo_rows(pairs, chat, max_length)
@@ -117,8 +126,8 @@ def test_train_hands_the_trainer_masked_rows_and_a_collator_cut_like_trl(tmp_pat
 def test_train_keeps_a_pad_token_the_tokenizer_has(tmp_path, monkeypatch, recorded):
     tokenizer, _, loaded = recorded
     tokenizer.pad_token = "<|endoftext|>"  # not the end-of-sequence token
-    job = TrainingJob("m", write_pairs(tmp_path / "p.jsonl", [make_pair(2, 2)]), str(tmp_path),
-                      trl_args={"truncation_mode": "keep_end"})  # fmt: skip
+    data = write_pairs(tmp_path / "p.jsonl", [make_pair(2, 2)])
+    job = dpo_job("m", data, tmp_path, trl_args={"truncation_mode": "keep_end"})
     dpo.train(job)
     (kwargs,) = Recorder.built
     assert tokenizer.pad_token == "<|endoftext|>" and loaded == ["m"]
@@ -130,13 +139,13 @@ def test_train_keeps_a_pad_token_the_tokenizer_has(tmp_path, monkeypatch, record
 
 def test_train_returns_no_metrics_off_rank_zero(tmp_path, monkeypatch, recorded):
     monkeypatch.setattr(dpo, "train_and_save", lambda *a: {})
-    job = TrainingJob("m", write_pairs(tmp_path / "p.jsonl", [make_pair(2, 2)]), str(tmp_path))
+    job = dpo_job("m", write_pairs(tmp_path / "p.jsonl", [make_pair(2, 2)]), tmp_path)
     assert dpo.train(job) == {}
 
 
 def test_train_refuses_data_with_no_pair_that_fits(tmp_path, recorded, chat):
     pairs = [make_pair(2, 2), make_pair(3, 3)]
-    job = TrainingJob("m", write_pairs(tmp_path / "p.jsonl", pairs), str(tmp_path), max_length=8)
+    job = dpo_job("m", write_pairs(tmp_path / "p.jsonl", pairs), tmp_path, max_length=8)
     message = (
         f"no pair fits in max_length=8 ({job.data_file}: RowCounts(rows=0, rows_shortened=0, "
         f"rows_dropped_too_long=2, rows_dropped_no_loss=0))"
@@ -148,7 +157,7 @@ def test_train_refuses_data_with_no_pair_that_fits(tmp_path, recorded, chat):
 
 
 def test_main_reads_the_job_file_and_reports_trains_metrics(tmp_path, monkeypatch, capsys):
-    job = TrainingJob("model", "data.jsonl", str(tmp_path / "out"), max_length=77)
+    job = dpo_job("model", "data.jsonl", tmp_path / "out", max_length=77)
     config = job.save(tmp_path / "job.json")
     seen = []
     monkeypatch.setattr(dpo, "train", lambda j: seen.append(j) or {"train_loss": 1.5})

@@ -22,9 +22,8 @@ from conftest import flow_run_ids, task_states
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 
-from flows.eto import ETO, eto
+from flows.eto import ETO, ETOConfig, eto
 from flywheel.inference import release_vllm
-from flywheel.settings import ETOConfig
 from flywheel.storage import ArtifactStore, cache_root
 from ops.services import free_port, start_mlflow_server, start_s3
 from ops.status import ReadOnlyStore, plan

@@ -19,7 +19,7 @@ FAILING_RUN = """
 import json, sys, time
 import psutil
 from prefect import flow, task
-from flywheel.settings import ETOConfig
+from flows.eto import ETOConfig
 from flywheel.storage import ArtifactStore
 from ops.runner import run_tracked
 from ops.shutdown import flow_process

@@ -254,7 +254,7 @@ def test_a_recipe_flow_run_is_named_after_its_run():
     from prefect import flow
     from prefect.client.orchestration import get_client
 
-    from flywheel.settings import ETOConfig
+    from flows.eto import ETOConfig
     from ops.runner import run_named
 
     @flow(flow_run_name=run_named(ETOConfig))
@@ -291,7 +291,7 @@ def test_a_failed_runs_state_message_leads_with_the_stage_and_its_cause(tmp_path
     from prefect import flow
     from prefect.client.orchestration import get_client
 
-    from flywheel.settings import ETOConfig
+    from flows.eto import ETOConfig
     from ops.runner import run_tracked
 
     config = {

@@ -24,12 +24,14 @@ def test_a_batch_the_user_set_is_kept():
 
 
 def test_lora_on_a_bf16_gpu_loads_the_frozen_base_in_bf16_and_full_training_in_fp32():
+    from flywheel.settings import LoRASettings, SFTSettings
     from training.job import TrainingJob, weights_dtype
 
-    lora = {"enabled": True, "rank": 8, "alpha": 16.0, "dropout": 0.0,
-            "target_modules": "all-linear", "publish": "merged"}  # fmt: skip
-    with_lora = TrainingJob(model_dir="m", data_file="d", output_dir="o", lora=lora)
-    full = TrainingJob(model_dir="m", data_file="d", output_dir="o")
+    def job(settings: SFTSettings) -> TrainingJob:
+        return TrainingJob(model_dir="m", data_file="d", output_dir="o", settings=settings, seed=0)
+
+    with_lora = job(SFTSettings(lora=LoRASettings(enabled=True, rank=8, alpha=16.0)))
+    full = job(SFTSettings())
     assert weights_dtype(with_lora, gpu_bf16=True) == "bfloat16"
     assert weights_dtype(with_lora, gpu_bf16=False) == "float32"  # a CPU trains in float32
     assert weights_dtype(full, gpu_bf16=True) == "float32"  # the optimizer's master weights
@@ -61,7 +63,11 @@ def test_loading_a_model_to_train_sets_the_attention_kernels_first(monkeypatch, 
 
     called = []
     monkeypatch.setattr(training.job, "attention_without_cudnn", lambda: called.append(1))
-    job = training.job.TrainingJob(model_dir=str(tmp_path), data_file="d", output_dir="o")
+    from flywheel.settings import SFTSettings
+
+    job = training.job.TrainingJob(
+        model_dir=str(tmp_path), data_file="d", output_dir="o", settings=SFTSettings(), seed=0
+    )
     with pytest.raises(
         ValueError, match="Unrecognized model"
     ):  # an empty folder: no model to load, after the kernels are set

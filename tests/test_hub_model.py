@@ -15,8 +15,9 @@ import pytest
 
 from agents.chat_template import check_model
 from flywheel import model as model_module
+from flywheel.config_files import ConfigError
 from flywheel.model import ModelUnavailable, resolve_model, weights_digest
-from flywheel.settings import ConfigError, EnvSettings, ModelSettings
+from flywheel.settings import EnvSettings, ModelSettings
 from flywheel.stage import StageOutput
 from tasks.prepare_model import (
     model_stage_url,

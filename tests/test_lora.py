@@ -16,6 +16,7 @@ from test_checkpoint_resume import expert_data  # noqa: F401  (a fixture: expert
 from flywheel.model import lora_adapter
 from flywheel.settings import DPOSettings, LoRASettings, RLSettings, SFTSettings
 from flywheel.stage import StageOutput, StageRun
+from training.checkpoint import CheckpointPlan
 from training.job import (
     TrainingJob,
     load_model,
@@ -27,6 +28,14 @@ from training.job import (
 )
 
 LORA = LoRASettings(enabled=True, rank=4, alpha=8.0)
+ADAPTER = LORA.model_copy(update={"publish": "adapter"})
+
+
+def job_with(lora: LoRASettings | None = None, model_dir="m", settings_class=SFTSettings, **job):
+    """A job for `model_dir` whose settings carry `lora` (None: LoRA off)."""
+    settings = settings_class(lora=lora or LoRASettings())
+    fields = {"data_file": "d", "output_dir": "o", "seed": 0, **job}
+    return TrainingJob(model_dir=str(model_dir), settings=settings, **fields)
 
 
 def test_lora_is_off_by_default_and_merged_is_what_is_published():
@@ -74,15 +83,15 @@ def test_lora_with_frozen_layers_or_zero3_is_refused(settings_class):
 
 
 def test_the_job_carries_lora_to_peft_config():
-    job = TrainingJob("m", "d", "o", lora=LORA.model_dump(mode="json"))
+    job = job_with(LORA)
     config = lora_config(job)
     assert (config.r, config.lora_alpha, config.lora_dropout) == (4, 8.0, 0.0)
     assert config.target_modules == "all-linear" and config.task_type == "CAUSAL_LM"
-    assert lora_config(TrainingJob("m", "d", "o")) is None
-    off = LORA.model_copy(update={"enabled": False}).model_dump(mode="json")
-    assert lora_config(TrainingJob("m", "d", "o", lora=off)) is None
+    assert lora_config(job_with()) is None
+    off = LORA.model_copy(update={"enabled": False})
+    assert lora_config(job_with(off)) is None
     listed = LORA.model_copy(update={"target_modules": ["q_proj", "v_proj"]})
-    assert lora_config(TrainingJob("m", "d", "o", lora=listed.model_dump())).target_modules == {
+    assert lora_config(job_with(listed)).target_modules == {
         "q_proj",
         "v_proj",
     }
@@ -99,8 +108,8 @@ def test_each_training_stage_hands_its_lora_settings_to_the_trainer(
     module = importlib.import_module(f"tasks.{stage_name}")
     handed = []
 
-    def train_to_store(*args):  # the trainer's job fields, as `trained_model` hands them over
-        handed.append(args[-1])
+    def train_to_store(store, module, model_url, data_url, out_url, settings, seed, *rest):
+        handed.append((settings, rest[-1]))  # what `trained_model` hands over: settings, plan
         return {}
 
     monkeypatch.setattr(training.launch, "train_to_store", train_to_store)
@@ -112,20 +121,22 @@ def test_each_training_stage_hands_its_lora_settings_to_the_trainer(
     )
     run = StageRun(stage_name, StageOutput(store_url=str(tmp_path), url=f"{tmp_path}/s"))
     getattr(module, f"{stage_name}_stage").body(inputs, run)
-    assert handed[0]["lora"] == LORA.model_dump(mode="json")
-    assert handed[0]["checkpoint"] is None  # a bare body has no key: no checkpoints
-    job = TrainingJob("m", "d", "o", **handed[0])
-    assert lora_config(job).r == 4  # what the trainer reads back
+    settings, checkpoint = handed[0]
+    assert settings.lora == LORA
+    assert checkpoint is None  # a bare body has no key: no checkpoints
+    job = TrainingJob(model_dir="m", data_file="d", output_dir="o", settings=settings, seed=0)
+    written = TrainingJob[settings_class].load(str(job.save(tmp_path / "job.json")))
+    assert lora_config(written).r == 4  # what the trainer reads back
 
 
 def test_only_the_adapters_train_and_the_merged_model_is_a_plain_one(tiny_model_dir):
-    job = TrainingJob(str(tiny_model_dir), "", "", lora=LORA.model_dump(mode="json"))
+    job = job_with(LORA, tiny_model_dir)
     model = with_lora(load_model(job), job)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     assert not any("lm_head" in n or "embed" in n for n in trainable)  # all-linear skips them
     merged = publishable(trained_as_if(model))
-    base = load_model(TrainingJob(str(tiny_model_dir), "", ""))
+    base = load_model(job_with(model_dir=tiny_model_dir))
     assert type(merged) is type(base)
     assert merged.state_dict().keys() == base.state_dict().keys()
     changed = [k for k, v in merged.state_dict().items() if not v.equal(base.state_dict()[k])]
@@ -134,8 +145,8 @@ def test_only_the_adapters_train_and_the_merged_model_is_a_plain_one(tiny_model_
 
 def test_top_layers_puts_adapters_on_the_top_layers_only(tiny_model_dir):
     """lora.top_layers: the backward stops below the adapted layers, as frozen_layers does."""
-    top = LORA.model_copy(update={"top_layers": 1}).model_dump(mode="json")
-    job = TrainingJob(str(tiny_model_dir), "", "", lora=top)
+    top = LORA.model_copy(update={"top_layers": 1})
+    job = job_with(top, tiny_model_dir)
     model = with_lora(load_model(job), job)
     layers = model.config.num_hidden_layers
     adapted = {n.split(".layers.")[1].split(".")[0] for n, p in model.named_parameters()
@@ -145,9 +156,9 @@ def test_top_layers_puts_adapters_on_the_top_layers_only(tiny_model_dir):
     assert adapted_modules(model) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                       "up_proj", "down_proj"}  # fmt: skip
     assert lora_config(job).layers_to_transform is None  # no model yet: placed when wrapped
-    too_many = TrainingJob("m", "d", "o", lora={**top, "top_layers": layers + 1})
+    too_many = job_with(top.model_copy(update={"top_layers": layers + 1}))
     with pytest.raises(ValueError, match=f"top_layers={layers + 1} but the model has {layers}"):
-        lora_config(too_many, load_model(TrainingJob(str(tiny_model_dir), "", "")))
+        lora_config(too_many, load_model(job_with(model_dir=tiny_model_dir)))
 
 
 def adapted_modules(model) -> set[str]:
@@ -171,8 +182,7 @@ def adapter_weights(model) -> dict[str, torch.Tensor]:
 def test_a_published_adapter_names_its_base_and_the_next_stage_trains_it_further(
     tmp_path, tiny_model_dir
 ):
-    adapter_job = LORA.model_copy(update={"publish": "adapter"}).model_dump(mode="json")
-    job = TrainingJob(str(tiny_model_dir), "", "", lora=adapter_job)
+    job = job_with(ADAPTER, tiny_model_dir)
     model = trained_as_if(with_lora(load_model(job), job))
     save_trained(model, job, str(tmp_path / "sft"))
     published = sorted(p.name for p in (tmp_path / "sft").iterdir())
@@ -180,7 +190,7 @@ def test_a_published_adapter_names_its_base_and_the_next_stage_trains_it_further
     assert lora_adapter(tmp_path / "sft").base == tiny_model_dir.resolve()
 
     # the next stage under LoRA: the base with this adapter, trainable, not wrapped again
-    next_job = TrainingJob(str(tmp_path / "sft"), "", "", lora=adapter_job)
+    next_job = job_with(ADAPTER, tmp_path / "sft")
     resumed = load_model(next_job)
     assert new_adapters(resumed, next_job) is None and with_lora(resumed, next_job) is resumed
     trainable = {n for n, p in resumed.named_parameters() if p.requires_grad}
@@ -191,7 +201,7 @@ def test_a_published_adapter_names_its_base_and_the_next_stage_trains_it_further
     assert lora_adapter(tmp_path / "dpo").base == tiny_model_dir.resolve()
 
     # the next stage under full training: the adapter merged into the base
-    merged = load_model(TrainingJob(str(tmp_path / "sft"), "", ""))
+    merged = load_model(job_with(model_dir=tmp_path / "sft"))
     expected = publishable(model).state_dict()
     assert merged.state_dict().keys() == expected.keys()
     assert all(torch.allclose(v, expected[k], atol=1e-6) for k, v in merged.state_dict().items())
@@ -200,11 +210,13 @@ def test_a_published_adapter_names_its_base_and_the_next_stage_trains_it_further
 # Slow: the trainers themselves ----------------------------------------------------------------
 
 
-def lora_job(tmp_path: Path, model_dir, data: str, **trl_args) -> TrainingJob:
+def lora_job(
+    tmp_path: Path, model_dir, data: str, settings_class=SFTSettings, **trl_args
+) -> TrainingJob:
     return TrainingJob(
         model_dir=str(model_dir), data_file=data, output_dir=str(tmp_path / "model"),
-        max_length=512, lora=LORA.model_dump(mode="json"),
-        trl_args={"num_train_epochs": 1, "learning_rate": 1e-2, "seed": 3,
+        settings=settings_class(max_length=512, lora=LORA), seed=3,
+        trl_args={"num_train_epochs": 1, "learning_rate": 1e-2,
                   "output_dir": str(tmp_path / "work"), "report_to": "none",
                   "disable_tqdm": True, **trl_args},
     )  # fmt: skip
@@ -267,7 +279,8 @@ def test_dpo_with_lora_references_the_base_and_publishes_a_merged_model(
 
     built = built_dpo_trainers(monkeypatch)
     data = write_pairs(tmp_path / "pairs.jsonl", [make_pair(3, 2), make_pair(2, 4)])
-    metrics = dpo.train(lora_job(tmp_path, tiny_model_dir, data, precompute_ref_log_probs=True))
+    job = lora_job(tmp_path, tiny_model_dir, data, DPOSettings, precompute_ref_log_probs=True)
+    metrics = dpo.train(job)
     trainer = built[0]
     # no second model and no copied "ref" adapter: the reference is the base, adapters off
     assert trainer.ref_model is None
@@ -292,7 +305,7 @@ def test_sft_with_lora_killed_mid_training_resumes_to_the_uninterrupted_result(
     uninterrupted run's."""
     from test_checkpoint_resume import assert_same_weights, killed_and_resumed
 
-    def make_job(folder: Path, checkpoint: dict | None) -> TrainingJob:
+    def make_job(folder: Path, checkpoint: CheckpointPlan | None) -> TrainingJob:
         monkeypatch.setenv("FLYWHEEL_METRICS_FILE", str(folder / "metrics.json"))
         job = lora_job(folder, tiny_model_dir, expert_data, num_train_epochs=2)
         job.checkpoint, job.history_file = checkpoint, str(folder / "history.json")
@@ -323,20 +336,19 @@ def test_dpo_from_a_published_adapter_trains_it_against_its_frozen_copy(
     from envs import make_env
     from tasks.expert_data import collect_expert
 
-    adapter = LORA.model_copy(update={"publish": "adapter"}).model_dump(mode="json")
     env = make_env("textcraft")
     trajectories, _ = collect_expert(env, env.task_ids("train")[:2], agent_prefix(env, []))
     data = tmp_path / "expert.jsonl"
     data.write_text("".join(t.model_dump_json() + "\n" for t in trajectories))
     sft_job = lora_job(tmp_path / "sft", tiny_model_dir, str(data))
-    sft_job.lora = adapter
+    sft_job.settings.lora = ADAPTER
     sft.train(sft_job)
     assert lora_adapter(tmp_path / "sft" / "model").base == tiny_model_dir.resolve()
 
     built = built_dpo_trainers(monkeypatch)
     pairs = write_pairs(tmp_path / "pairs.jsonl", [make_pair(3, 2), make_pair(2, 4)])
-    dpo_job = lora_job(tmp_path / "dpo", tmp_path / "sft" / "model", pairs)
-    dpo_job.lora, dpo_job.trl_args["precompute_ref_log_probs"] = adapter, True
+    dpo_job = lora_job(tmp_path / "dpo", tmp_path / "sft" / "model", pairs, DPOSettings)
+    dpo_job.settings.lora, dpo_job.trl_args["precompute_ref_log_probs"] = ADAPTER, True
     dpo.train(dpo_job)
     trainer = built[0]
     assert trainer.ref_model is None and sorted(trainer.model.peft_config) == ["default", "ref"]

@@ -11,7 +11,7 @@ import torch
 from test_lora import write_adapter_config
 
 from flywheel.inference import SamplingSettings
-from flywheel.settings import LoRASettings
+from flywheel.settings import LoRASettings, SFTSettings
 from training.job import TrainingJob, load_model, publishable, save_trained, with_lora
 
 
@@ -64,7 +64,8 @@ def published_both_ways(base_model_dir: Path, folder: Path) -> tuple[Path, Path]
     from transformers import AutoTokenizer
 
     lora = LoRASettings(enabled=True, rank=8, alpha=16.0, publish="adapter")
-    job = TrainingJob(str(base_model_dir), "", "", lora=lora.model_dump(mode="json"))
+    job = TrainingJob(model_dir=str(base_model_dir), data_file="", output_dir="",
+                      settings=SFTSettings(lora=lora), seed=0)  # fmt: skip
     model = with_lora(load_model(job), job)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():

@@ -2,8 +2,9 @@
 
 import pytest
 
+from flows.agent_r import AgentRConfig, GeneralDataSettings
+from flywheel.config_files import ConfigError, load_config
 from flywheel.records import Message, Trajectory
-from flywheel.settings import AgentRConfig, ConfigError, GeneralDataSettings, load_config
 from flywheel.stage import StageOutput
 from flywheel.storage import ArtifactStore
 from tasks.mix_general import (

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.eto import main
-from flywheel.settings import ConfigError, ETOConfig, load_config
+from flows.eto import ETOConfig, main
+from flywheel.config_files import ConfigError, load_config
 
 
 def test_malformed_yaml_in_a_config_file_names_the_file_and_line(tmp_path):

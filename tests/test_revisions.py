@@ -9,12 +9,14 @@ from tree_nodes import crafting_tree, step
 
 from agents.mcts import Critique, PathPair, SearchTree, TreeNode, divergence
 from envs import make_env
+from flows.agent_r import AgentRConfig
+from flywheel.config_files import load_config
 from flywheel.inference import Generation
 from flywheel.records import Message
-from flywheel.settings import AgentRConfig, CritiqueSettings, load_config
 from tasks.critique import (
     ELIDED,
     VERIFIER_SYSTEM,
+    CritiqueSettings,
     critique_metrics,
     critique_pairs,
     first_error,
@@ -363,7 +365,7 @@ class SamplingRecorder(PromptRecorder):
 
 def test_a_critique_prompt_uses_all_the_room_a_reply_leaves_and_greedy_sampling(tree, chat, capsys):
     from flywheel.inference import SamplingSettings
-    from flywheel.settings import CritiqueSettings
+    from tasks.critique import CritiqueSettings
 
     pair = PathPair(
         task_id="acacia_boat", good_leaf=4, bad_leaf=5, good_score=1, bad_score=0, divergence=2
@@ -469,7 +471,7 @@ class AlwaysGood(PromptRecorder):
 
 
 def test_each_step_of_the_bad_path_is_judged_once_in_order(tree, chat):
-    from flywheel.settings import CritiqueSettings
+    from tasks.critique import CritiqueSettings
 
     (pair,) = [p for p in select_pairs(tree, 0.5, 0.2, 10) if (p.good_leaf, p.bad_leaf) == (7, 5)]
     backend = AlwaysGood()
@@ -482,7 +484,7 @@ def test_each_step_of_the_bad_path_is_judged_once_in_order(tree, chat):
 
 
 def test_a_long_reply_without_an_action_is_cut_in_its_middle(tree, chat):
-    from flywheel.settings import CritiqueSettings
+    from tasks.critique import CritiqueSettings
 
     rambling = tree.model_copy(deep=True)
     reply = "I wonder what to do. " + "Maybe this, maybe that. " * 200 + "I give up."
@@ -501,8 +503,7 @@ def test_a_long_reply_without_an_action_is_cut_in_its_middle(tree, chat):
 
 
 def test_texts_of_at_most_32_characters_are_never_cut(tree, chat):
-    from flywheel.settings import CritiqueSettings
-    from tasks.critique import verifier_messages, verifier_question
+    from tasks.critique import CritiqueSettings, verifier_messages, verifier_question
 
     short = tree.model_copy(deep=True)
     short.nodes[0].observation = "Goal: craft one x. " + "y" * 13  # exactly 32 characters

@@ -10,8 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from flywheel.config_files import ConfigError, validate_config  # noqa: E402
 from flywheel.records import Message, Trajectory  # noqa: E402
-from flywheel.settings import ConfigError, RLSettings, validate_config  # noqa: E402
+from flywheel.settings import RLSettings  # noqa: E402
 from training import rl  # noqa: E402
 from training.advantages import (  # noqa: E402
     gae_advantages,
@@ -242,13 +243,19 @@ def write_trajectories(path, trajectories) -> str:
     return str(path)
 
 
+def rl_job(model_dir, data_file: str, output_dir, settings: RLSettings) -> TrainingJob:
+    """An RL job with `settings` (sequences up to 512 tokens), seed 0."""
+    settings = settings.model_copy(update={"max_length": 512})
+    return TrainingJob[RLSettings](
+        model_dir=str(model_dir), data_file=data_file, output_dir=str(output_dir),
+        settings=settings, seed=0,
+    )  # fmt: skip
+
+
 def colour_job(tmp_path, model_dir, chat, settings: RLSettings) -> TrainingJob:
     """A training job on `colour_group`, written under `tmp_path`."""
-    return TrainingJob(
-        model_dir=str(model_dir), output_dir=str(tmp_path / "model"), max_length=512,
-        data_file=write_trajectories(tmp_path / "group.jsonl", colour_group(chat)),
-        rl=settings.model_dump(mode="json"), seed=0,
-    )  # fmt: skip
+    data = write_trajectories(tmp_path / "group.jsonl", colour_group(chat))
+    return rl_job(model_dir, data, tmp_path / "model", settings)
 
 
 @pytest.fixture(scope="module")
@@ -317,8 +324,8 @@ def test_a_group_with_equal_rewards_teaches_grpo_nothing(tmp_path, tiny_model_di
     for trajectory in group:
         trajectory.reward = 1.0
     settings = RLSettings(estimator="grpo", learning_rate=1e-3, kl_beta=0.0, batch_size=4)
-    job = TrainingJob(str(tiny_model_dir), write_trajectories(tmp_path / "g.jsonl", group),
-                      str(tmp_path / "model"), max_length=512, rl=settings.model_dump())  # fmt: skip
+    data = write_trajectories(tmp_path / "g.jsonl", group)
+    job = rl_job(tiny_model_dir, data, tmp_path / "model", settings)
     metrics = rl.train(job)
     assert metrics["groups_zero_reward_variance"] == 1
     assert metrics["mean_advantage"] == 0 and metrics["loss"] == 0
@@ -337,8 +344,7 @@ def test_rows_without_advantage_are_skipped_only_when_no_kl_term_needs_them(
     trained = {}
     for kl_beta in (0.0, 0.1):
         settings = RLSettings(estimator="grpo", learning_rate=1e-3, kl_beta=kl_beta, batch_size=8)
-        job = TrainingJob(str(tiny_model_dir), data, str(tmp_path / f"m{kl_beta}"),
-                          max_length=512, rl=settings.model_dump())  # fmt: skip
+        job = rl_job(tiny_model_dir, data, tmp_path / f"m{kl_beta}", settings)
         trained[kl_beta] = rl.train(job)
     without_kl, with_kl = trained[0.0], trained[0.1]
     assert (
@@ -383,8 +389,7 @@ def test_mixed_groups_setting_trains_on_those_groups_alone(tmp_path, tiny_model_
     for groups in ("all", "mixed"):
         settings = RLSettings(estimator="grpo", learning_rate=1e-3, kl_beta=0.0, batch_size=8,
                               groups=groups)  # fmt: skip
-        job = TrainingJob(str(tiny_model_dir), data, str(tmp_path / groups), max_length=512,
-                          rl=settings.model_dump())  # fmt: skip
+        job = rl_job(tiny_model_dir, data, tmp_path / groups, settings)
         trained[groups] = rl.train(job)
     every, mixed = trained["all"], trained["mixed"]
     assert every["trajectories_dropped_uniform_outcome"] == 0 and every["groups"] == 2
@@ -393,8 +398,7 @@ def test_mixed_groups_setting_trains_on_those_groups_alone(tmp_path, tiny_model_
     assert mixed["loss_tokens_trained"] == every["loss_tokens_trained"] - 2 * per_row
 
     only_format = write_trajectories(tmp_path / "f.jsonl", formatted)
-    job = TrainingJob(str(tiny_model_dir), only_format, str(tmp_path / "none"), max_length=512,
-                      rl=RLSettings(groups="mixed").model_dump())  # fmt: skip
+    job = rl_job(tiny_model_dir, only_format, tmp_path / "none", RLSettings(groups="mixed"))
     with pytest.raises(ValueError, match="kept 0 of 2.*rl.groups=all"):
         rl.train(job)
 
@@ -404,7 +408,10 @@ def test_main_reads_the_job_file_and_refuses_data_without_sampled_tokens(
 ):
     expert = episode([Message(role="assistant", content="<answer>blue</answer>", loss=True)])
     data = write_trajectories(tmp_path / "t.jsonl", [expert])
-    job = TrainingJob(str(tiny_model_dir), data, str(tmp_path))
+    job = TrainingJob[RLSettings](
+        model_dir=str(tiny_model_dir), data_file=data, output_dir=str(tmp_path),
+        settings=RLSettings(), seed=0,
+    )  # fmt: skip
     seen = []
     monkeypatch.setattr(rl, "train", lambda j: seen.append(j) or {"loss": 0.5})
     target = tmp_path / "metrics.json"
@@ -414,7 +421,7 @@ def test_main_reads_the_job_file_and_refuses_data_without_sampled_tokens(
 
     monkeypatch.undo()
     with pytest.raises(ValueError, match="no trajectory has sampled tokens to learn from"):
-        rl.train(TrainingJob(job.model_dir, job.data_file, job.output_dir, rl={}))
+        rl.train(job)
 
 
 def test_the_stage_trains_in_its_own_process(tmp_path, tiny_model_dir, chat):

@@ -574,7 +574,7 @@ def test_a_task_list_is_the_eligible_tasks_or_a_seeded_sample_in_split_order():
 
 def test_a_task_list_that_cannot_be_had_names_the_setting_to_change():
     from envs.task_selection import task_list
-    from flywheel.settings import ConfigError
+    from flywheel.config_files import ConfigError
 
     env = PlannedEnv({"a": 3, "b": 5, "c": None}, {"x": 1, "y": 2})
     with pytest.raises(ConfigError) as error:

@@ -161,7 +161,7 @@ def sleepy_body(cfg, store, tracking, *extra):
 
 @flow(name="toy-run")
 def toy_run(config: dict):
-    from flywheel.settings import ETOConfig
+    from flows.eto import ETOConfig
     from ops.runner import run_tracked
 
     return run_tracked(ETOConfig.model_validate(config), sleepy_body)

@@ -2,16 +2,12 @@ from pathlib import Path
 
 import pytest
 
-from flows.eto import main
+from flows.agent_r import AgentRConfig
+from flows.agent_r1 import AgentR1Config
+from flows.et_agent import ETAgentConfig
+from flows.eto import ETOConfig, main
+from flywheel.config_files import ConfigError, load_config
 from flywheel.inference import SamplingSettings
-from flywheel.settings import (
-    AgentR1Config,
-    AgentRConfig,
-    ConfigError,
-    ETAgentConfig,
-    ETOConfig,
-    load_config,
-)
 from flywheel.stage import StageOutput, StageRun
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +37,7 @@ def test_etos_defaults_reach_the_trainer_and_the_explorer(monkeypatch, tmp_path)
     from tasks.dpo import dpo_trl_args
 
     cfg = ETOConfig()
-    args = dpo_trl_args(cfg.dpo, seed=3)
+    args = dpo_trl_args(cfg.dpo)
     assert (args["beta"], args["learning_rate"]) == (0.1, 1e-6)
     seen = {}
     monkeypatch.setattr(
@@ -62,7 +58,7 @@ def test_etos_defaults_reach_the_trainer_and_the_explorer(monkeypatch, tmp_path)
 
 
 def test_exploring_a_slice_per_round_walks_the_task_list_and_wraps():
-    from flywheel.settings import ExploreSettings
+    from flows.eto import ExploreSettings
 
     ids = ["a", "b", "c", "d", "e"]
     assert ExploreSettings().tasks_for_round(ids, 3) == ids  # ETO: every task, every round
@@ -74,7 +70,8 @@ def test_exploring_a_slice_per_round_walks_the_task_list_and_wraps():
 
 
 def test_every_per_round_slice_walks_the_same_way():
-    from flywheel.settings import MCTSSettings, SampleSettings
+    from flows.agent_r1 import SampleSettings
+    from tasks.mcts import MCTSSettings
 
     ids = ["a", "b", "c"]
     for settings in (MCTSSettings(tasks_per_round=2), SampleSettings(tasks_per_round=2)):
@@ -180,7 +177,8 @@ def test_dpo_settings_change_by_round_as_etos_schedule_does():
 
 
 def test_a_bad_schedule_entry_is_refused_naming_its_round():
-    from flywheel.settings import ConfigError, ETOConfig, load_config
+    from flows.eto import ETOConfig
+    from flywheel.config_files import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=r"schedule entry 1 \(round 2\): beta"):
         load_config(ETOConfig, None, ["dpo.schedule=[{beta: 0.1}, {beta: -1}]"])
@@ -196,16 +194,29 @@ def test_a_bad_schedule_entry_is_refused_naming_its_round():
 )  # fmt: skip
 def test_a_setting_set_again_through_trl_args_is_refused_naming_it(section, trl_args, setting):
     """trl_args are passed last, so a repeated setting would silently win over the setting."""
-    from flywheel.settings import ConfigError, ETOConfig, validate_config
+    from flows.eto import ETOConfig
+    from flywheel.config_files import ConfigError, validate_config
 
     with pytest.raises(ConfigError, match=f"{section}: .*trl_args.* set {setting} instead"):
         validate_config(ETOConfig, {section: {"trl_args": trl_args}})
 
 
 def test_a_schedule_entry_cannot_repeat_a_setting_through_trl_args_either():
-    from flywheel.settings import ConfigError, ETOConfig, validate_config
+    from flows.eto import ETOConfig
+    from flywheel.config_files import ConfigError, validate_config
 
     entry = {"trl_args": {"beta": 0.5}}
     with pytest.raises(ConfigError, match="schedule entry 0 .*set beta instead"):
         validate_config(ETOConfig, {"dpo": {"schedule": [entry]}})
     validate_config(ETOConfig, {"dpo": {"trl_args": {"loss_type": "ipo"}}})  # a trl-only argument
+
+
+@pytest.mark.parametrize(
+    "override, new", [("flywheel.rounds=1", "evolve"), ("flywheel_tasks=8", "evolve_tasks")]
+)
+def test_et_agents_renamed_keys_are_refused_naming_the_new_key(override, new):
+    """`flywheel` and `flywheel_tasks` were named after the paper's "data flywheel"; a config that
+    still sets them would otherwise run the defaults without a word."""
+    with pytest.raises(ConfigError, match=f"is now called {new}: write {new} instead"):
+        load_config(ETAgentConfig, None, [override])
+    assert load_config(ETAgentConfig, None, ["evolve.rounds=1"]).evolve.rounds == 1

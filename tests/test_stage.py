@@ -100,7 +100,7 @@ def test_the_checkpoint_folder_a_redo_keeps_is_the_one_trainers_write():
         def file(self, name):
             return f"file:///tmp/store/s/{name}"
 
-    folder = checkpoint_plan(Run(), 5)["url"].rsplit("/", 1)[-1]
+    folder = checkpoint_plan(Run(), 5).url.rsplit("/", 1)[-1]
     assert folder in KEPT_ON_REDO
 
 

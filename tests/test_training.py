@@ -9,7 +9,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from flywheel.settings import SFTSettings  # noqa: E402
 from training.job import TrainingJob, load_model  # noqa: E402
+
+
+def job_for(model_dir, **fields) -> TrainingJob:
+    """A job that only loads the model: no data, no output."""
+    settings = SFTSettings(frozen_layers=fields.pop("frozen_layers", 0))
+    return TrainingJob(
+        model_dir=str(model_dir), data_file="", output_dir="", settings=settings, seed=0, **fields
+    )
 
 
 def one_step(model, ids: list[int]) -> dict[str, torch.Tensor]:
@@ -30,7 +39,7 @@ def changed(model, before) -> set[str]:
 
 def test_frozen_layers_and_embeddings_stay_put_after_a_step(tiny_model_dir, chat):
     ids = chat.tokenizer("craft 4 oak planks using 1 oak logs")["input_ids"]
-    job = TrainingJob(model_dir=str(tiny_model_dir), data_file="", output_dir="", frozen_layers=1)
+    job = job_for(tiny_model_dir, frozen_layers=1)
     model = load_model(job)
     before = one_step(model, ids)
     moved = changed(model, before)
@@ -44,7 +53,7 @@ def test_frozen_layers_and_embeddings_stay_put_after_a_step(tiny_model_dir, chat
     assert layer1 <= moved and "model.norm.weight" in moved
     assert not any(p.requires_grad for n, p in model.named_parameters() if n in layer0)
 
-    unfrozen = load_model(TrainingJob(str(tiny_model_dir), "", "", frozen_layers=0))
+    unfrozen = load_model(job_for(tiny_model_dir, frozen_layers=0))
     before = one_step(unfrozen, ids)
     assert changed(unfrozen, before) == names  # frozen_layers=0 trains every parameter
 
@@ -67,7 +76,7 @@ def test_the_lm_head_projects_only_the_loss_positions_on_a_cpu(tiny_model_dir, c
     labels = ids.masked_fill(torch.arange(ids.shape[1]) < ids.shape[1] - 3, -100)
     log_probs = {}
     for every in (True, False):  # trl's CPU default first, then the shipped one
-        model = load_model(TrainingJob(str(tiny_model_dir), "", "", score_every_position=every))
+        model = load_model(job_for(tiny_model_dir, score_every_position=every))
         add_fused_lm_head(model)
         log_probs[every] = model(input_ids=ids, labels=labels, fused_lm_head=True).log_probs
     # Every position but the last predicts a token; only the 3 with a label are projected, and
@@ -79,7 +88,7 @@ def test_the_lm_head_projects_only_the_loss_positions_on_a_cpu(tiny_model_dir, c
 
 def test_freezing_more_layers_than_the_model_has_is_refused(tiny_model_dir):
     with pytest.raises(ValueError, match="frozen_layers=3 but the model has 2"):
-        load_model(TrainingJob(str(tiny_model_dir), "", "", frozen_layers=3))
+        load_model(job_for(tiny_model_dir, frozen_layers=3))
 
 
 def test_stage_settings_reach_trls_arguments():
@@ -89,20 +98,21 @@ def test_stage_settings_reach_trls_arguments():
 
     sft = SFTSettings(epochs=2, learning_rate=3e-4, batch_size=4, num_processes=2,
                       trl_args={"lr_scheduler_type": "constant"})  # fmt: skip
-    assert sft_trl_args(sft, seed=7) == {
+    assert sft_trl_args(sft) == {
         "num_train_epochs": 2, "learning_rate": 3e-4, "gradient_accumulation_steps": 2,
-        "lr_scheduler_type": "constant", "warmup_steps": 0.05, "seed": 7,
+        "lr_scheduler_type": "constant", "warmup_steps": 0.05,
     }  # fmt: skip
     dpo = DPOSettings(beta=0.3, learning_rate=2e-6, epochs=1, batch_size=6, num_processes=3)
-    assert dpo_trl_args(dpo, seed=1) == {
+    assert dpo_trl_args(dpo) == {
         "beta": 0.3, "learning_rate": 2e-6, "num_train_epochs": 1,
-        "gradient_accumulation_steps": 2, "seed": 1, "precompute_ref_log_probs": True,
+        "gradient_accumulation_steps": 2, "precompute_ref_log_probs": True,
     }  # fmt: skip
 
 
 # Config checks that need no trainer (they lived in the slow test_distributed_training).
 def test_batch_size_must_split_evenly_over_processes():
-    from flywheel.settings import ConfigError, ETOConfig, validate_config
+    from flows.eto import ETOConfig
+    from flywheel.config_files import ConfigError, validate_config
 
     with pytest.raises(ConfigError, match="multiple of num_processes"):
         validate_config(ETOConfig, {"sft": {"batch_size": 3, "num_processes": 2}})

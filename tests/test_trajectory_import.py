@@ -16,8 +16,10 @@ from agents.trajectory_import import (
     scienceworld_task_name,
     task_goal_reader,
 )
+from flows.agent_r import AgentRConfig
+from flows.eto import ETOConfig
 from flywheel.records import Message, Trajectory
-from flywheel.settings import AgentRConfig, EnvSettings, ETOConfig
+from flywheel.settings import EnvSettings
 from flywheel.stage import StageOutput
 from flywheel.storage import ArtifactStore
 from tasks.expert_data import ExpertDataInputs, expert_data_stage

@@ -11,7 +11,9 @@ from agents.rollout import few_shot_examples
 from envs import make_env
 from envs.base import ValidationSplit
 from envs.task_selection import task_list
-from flywheel.settings import ConfigError, EnvSettings, ETOConfig
+from flows.eto import ETOConfig
+from flywheel.config_files import ConfigError
+from flywheel.settings import EnvSettings
 from tasks.evaluate import evaluation_splits
 
 

@@ -22,11 +22,11 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 
 from flywheel.storage import ArtifactStore, hash_local_file
@@ -38,31 +38,27 @@ STATE_SUFFIX = ".state"  # `optimizer.pt` is stored as optimizer.pt.state.{safet
 NOT_STORED = ("training_args.bin",)  # the Trainer's pickled arguments: not needed to resume
 
 
-@dataclass
-class CheckpointPlan:
-    """Where and how often a trainer checkpoints; in the job file (`TrainingJob.checkpoint`)."""
+class CheckpointPlan(BaseModel):
+    """Where and how often a trainer checkpoints; in the job file (`TrainingJob.checkpoint`,
+    None where it does not)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     store_url: str  # the artifact store's root
     url: str  # <stage url>/checkpoint
     key: str  # the stage's cache key: a checkpoint for another key is never resumed
-    every_steps: int  # optimizer steps between checkpoints; 0 turns checkpointing off
-
-    @classmethod
-    def from_job(cls, fields: dict | None) -> CheckpointPlan | None:
-        plan = cls(**fields) if fields else None
-        return plan if plan and plan.every_steps > 0 else None
-
-    def as_job_field(self) -> dict:
-        return asdict(self)
+    every_steps: int = Field(ge=1)  # optimizer steps between checkpoints
 
 
-def checkpoint_plan(run, every_steps: int) -> dict | None:
-    """The job field for a stage's trainer: checkpoint into `<run.url>/checkpoint` under the
-    stage's key. None where the stage runs without a key (its bare body) or checkpoints off."""
+def checkpoint_plan(run, every_steps: int) -> CheckpointPlan | None:
+    """The plan for a stage's trainer: checkpoint into `<run.url>/checkpoint` under the stage's
+    key. None where the stage runs without a key (its bare body) or checkpoints off."""
     key = getattr(run, "key", None)
     if not key or every_steps <= 0:
         return None
-    return CheckpointPlan(run.store.root, run.file("checkpoint"), key, every_steps).as_job_field()
+    return CheckpointPlan(
+        store_url=run.store.root, url=run.file("checkpoint"), key=key, every_steps=every_steps
+    )
 
 
 # Pickle-free state: tensors in safetensors, the rest as JSON --------------------------------

@@ -19,6 +19,7 @@ from trl.trainer.dpo_trainer import DataCollatorForPreference
 
 from flywheel.chat import ChatTokenizer
 from flywheel.records import Pair
+from flywheel.settings import DPOSettings
 from training.datasets import dpo_rows, token_counts
 from training.job import (
     TrainingJob,
@@ -69,17 +70,18 @@ class TokenizedDPOTrainer(DPOTrainer):
         self._signature_columns = [*self._signature_columns, "chosen_mask", "rejected_mask"]
 
 
-def train(job: TrainingJob) -> dict:
+def train(job: TrainingJob[DPOSettings]) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     chat = ChatTokenizer(tokenizer)
     with open(job.data_file) as f:
         pairs = [Pair.model_validate_json(line) for line in f if line.strip()]
-    rows, counts = dpo_rows(pairs, chat, job.max_length)
+    max_length = job.settings.max_length
+    rows, counts = dpo_rows(pairs, chat, max_length)
     if not rows:
-        raise ValueError(f"no pair fits in max_length={job.max_length} ({job.data_file}: {counts})")
-    config = DPOConfig(max_length=job.max_length, **trainer_defaults(job))
+        raise ValueError(f"no pair fits in max_length={max_length} ({job.data_file}: {counts})")
+    config = DPOConfig(max_length=max_length, **trainer_defaults(job))
     model = load_model(job)
     collator = MaskedPreferenceCollator(
         pad_token_id=tokenizer.pad_token_id,
@@ -99,7 +101,7 @@ def train(job: TrainingJob) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    report_metrics(train(parse_job(__doc__.splitlines()[0], argv)))
+    report_metrics(train(parse_job(__doc__.splitlines()[0], DPOSettings, argv)))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""The job file a trainer entry point reads: what to train, on what, into where.
+"""The job file a trainer entry point reads: what to train, on what, into where, with the stage's
+settings whole.
 
-Written by the Prefect task, read by `python -m training.sft|dpo|rl --config job.json` on every
-process of an `accelerate launch`.
+Written by the stage (`training.launch.train_to_store`), read by `python -m training.sft|dpo|rl
+--config job.json` on every process of an `accelerate launch`, and validated again there: a job
+file that does not fit its trainer's settings model fails naming the field, before any work.
 """
 
 from __future__ import annotations
@@ -10,48 +12,72 @@ import argparse
 import json
 import os
 import warnings
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from flywheel.settings import TrainerSettings
+from training.checkpoint import CheckpointPlan
+
+Settings = TypeVar("Settings", bound=TrainerSettings)
 
 
-@dataclass
-class TrainingJob:
+class TrainingJob(BaseModel, Generic[Settings]):
+    """One trainer run; `TrainingJob[SFTSettings]` is what `training.sft` reads (DPO, RL alike)."""
+
+    model_config = ConfigDict(extra="forbid")
+
     model_dir: str  # Hugging Face model folder to start from
-    data_file: str  # JSON lines of Trajectory (SFT) or Pair (DPO) records
+    data_file: str  # JSON lines of Trajectory (SFT, RL) or Pair (DPO) records
     output_dir: str  # where the trained model folder is written
-    max_length: int = 2048  # tokens per sequence
-    # Bottom transformer layers (and the embeddings) kept frozen: backward stops above them.
-    frozen_layers: int = 0
-    trl_args: dict = field(default_factory=dict)  # passed through to trl's SFTConfig / DPOConfig
-    # training.rl's own settings (flywheel.settings.RLSettings as JSON) and seed; the trl
-    # trainers take theirs from `trl_args`.
-    rl: dict | None = None
-    seed: int = 0
-    # trl's own CPU behaviour (project every position through the LM head); kept for the bench.
-    score_every_position: bool = False
-    # Where and how often to checkpoint (`training.checkpoint.CheckpointPlan` as a dict); None
-    # trains without checkpoints.
-    checkpoint: dict | None = None
+    # The stage's SFTSettings / DPOSettings / RLSettings whole: length, frozen layers, LoRA,
+    # processes and the trainer's own settings. Their defaults live there only.
+    settings: Settings
+    seed: int  # the run's: trl's `seed`, training.rl's torch seed
+    # trl's SFTConfig / DPOConfig arguments the stage derived from its settings (`sft_trl_args`,
+    # `dpo_trl_args`; `settings.trl_args` among them), over the shared `trainer_defaults`.
+    trl_args: dict[str, Any] = Field(default_factory=dict)
+    checkpoint: CheckpointPlan | None = None  # where and how often to checkpoint; None: never
     # Where to write every optimizer step's logged numbers (JSON list, a resumed run's earlier
     # steps included); None writes none.
     history_file: str | None = None
-    # LoRA adapters instead of full training (`flywheel.settings.LoRASettings` as JSON); None or
-    # not enabled trains every weight not frozen.
-    lora: dict | None = None
+    # trl's own CPU behaviour (project every position through the LM head); kept for the bench.
+    score_every_position: bool = False
 
     def save(self, path: Path) -> Path:
-        Path(path).write_text(json.dumps(asdict(self), indent=2))
+        Path(path).write_text(self.model_dump_json(indent=2))
         return Path(path)
 
     @classmethod
     def load(cls, path: str) -> TrainingJob:
-        return cls(**json.loads(Path(path).read_text()))
+        """The job in `path`, validated as `cls` (`TrainingJob[SFTSettings]`, ...)."""
+        try:
+            return cls.model_validate_json(Path(path).read_text())
+        except ValidationError as error:
+            raise JobFileError(job_problems(path, error)) from None
 
 
-def parse_job(description: str, argv: list[str] | None = None) -> TrainingJob:
+class JobFileError(ValueError):
+    """A job file its trainer cannot run; the message names each field and what is wrong."""
+
+
+def job_problems(path: str, error: ValidationError) -> str:
+    """One line (a failed stage shows its trainer's last error line): each field and its fault."""
+    problems = [
+        f"{'.'.join(str(part) for part in problem['loc']) or '(top level)'}: {problem['msg']}"
+        for problem in error.errors()
+    ]
+    return f"job file {path} does not fit {error.title}: {'; '.join(problems)}"
+
+
+def parse_job(
+    description: str, settings_class: type[TrainerSettings], argv: list[str] | None = None
+) -> TrainingJob:
+    """The job named by `--config`, validated with the trainer's settings model."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--config", required=True, help="job JSON written by the Prefect task")
-    return TrainingJob.load(parser.parse_args(argv).config)
+    parser.add_argument("--config", required=True, help="job JSON written by the stage")
+    return TrainingJob[settings_class].load(parser.parse_args(argv).config)
 
 
 def reporting() -> str:
@@ -65,7 +91,7 @@ def trainer_defaults(job: TrainingJob) -> dict:
 
     gpu = torch.cuda.is_available()
     return batched_on_gpu({
-        "bf16": gpu and torch.cuda.is_bf16_supported(),
+        "bf16": gpu_has_bf16(),
         "use_cpu": not gpu,
         "output_dir": str(Path(job.output_dir).with_name(Path(job.output_dir).name + "-work")),
         "report_to": reporting(),
@@ -74,7 +100,7 @@ def trainer_defaults(job: TrainingJob) -> dict:
         "remove_unused_columns": False,
         "dataloader_num_workers": 0,
         "disable_tqdm": False,
-        "seed": 0,
+        "seed": job.seed,
         # One sequence at a time: padding a batch to its longest member costs more than it saves
         # on a CPU; accumulate instead (a GPU batches them: `batched_on_gpu`).
         "per_device_train_batch_size": 1,
@@ -99,15 +125,18 @@ def batched_on_gpu(args: dict, gpu: bool, set_by_user: bool) -> dict:
 def checkpointing(job: TrainingJob) -> dict:
     """The Trainer's save settings: a checkpoint every `every_steps` optimizer steps (only the
     newest kept on the local disk; `training.checkpoint` mirrors it into the store), or none."""
-    from training.checkpoint import CheckpointPlan
-
-    plan = CheckpointPlan.from_job(job.checkpoint)
-    if plan is None:
+    if job.checkpoint is None:
         return {"save_strategy": "no"}
-    return {"save_strategy": "steps", "save_steps": plan.every_steps, "save_total_limit": 1}
+    return {
+        "save_strategy": "steps",
+        "save_steps": job.checkpoint.every_steps,
+        "save_total_limit": 1,
+    }
 
 
 def gpu_has_bf16() -> bool:
+    """The one bf16 rule: trl's `bf16`, the launcher's `--mixed_precision` and the frozen LoRA
+    base's dtype all follow it."""
     import torch
 
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
@@ -138,12 +167,13 @@ def load_model(job: TrainingJob):
     )
     if adapter:
         model = with_adapter(model, adapter, job)
-    if job.frozen_layers:
+    frozen = job.settings.frozen_layers
+    if frozen:
         layers = model.base_model.layers
-        if job.frozen_layers > len(layers):
-            raise ValueError(f"frozen_layers={job.frozen_layers} but the model has {len(layers)}")
+        if frozen > len(layers):
+            raise ValueError(f"frozen_layers={frozen} but the model has {len(layers)}")
         model.get_input_embeddings().requires_grad_(False)  # tied to the output layer in SmolLM2
-        for layer in layers[: job.frozen_layers]:
+        for layer in layers[:frozen]:
             layer.requires_grad_(False)
     return model
 
@@ -168,9 +198,9 @@ def with_adapter(model, adapter, job: TrainingJob):
     from peft import PeftModel
 
     trains = lora_config(job) is not None
-    if trains and job.lora["rank"] != adapter.rank:
+    if trains and job.settings.lora.rank != adapter.rank:
         print(f"{adapter.folder}: training its rank-{adapter.rank} adapter further "
-              f"(lora.rank={job.lora['rank']} applies to new adapters only)")  # fmt: skip
+              f"(lora.rank={job.settings.lora.rank} applies to new adapters only)")  # fmt: skip
     model = PeftModel.from_pretrained(model, str(adapter.folder), is_trainable=trains)
     return model if trains else model.merge_and_unload()
 
@@ -180,21 +210,20 @@ def lora_config(job: TrainingJob, model=None):
     Handed to trl's trainers as `peft_config` (DPO's reference is then the base model with the
     adapters disabled, no second copy); `training.rl` wraps the model itself (`with_lora`).
     `model`, the model to wrap, places `lora.top_layers`' adapters."""
-    if not (job.lora and job.lora.get("enabled")):
+    lora = job.settings.lora
+    if not lora.enabled:
         return None
     from peft import LoraConfig
 
-    if job.frozen_layers:
-        raise ValueError(f"lora with frozen_layers={job.frozen_layers}: LoRA replaces it")
-    targets, layers = job.lora["target_modules"], None
-    if job.lora.get("top_layers") and model is not None:
-        layers = top_layer_indices(job.lora["top_layers"], model.config.num_hidden_layers)
+    targets, layers = lora.target_modules, None
+    if lora.top_layers and model is not None:
+        layers = top_layer_indices(lora.top_layers, model.config.num_hidden_layers)
         if targets == "all-linear":  # peft places layers only for modules named in a list
             targets = layer_linear_names(model)
     return LoraConfig(
-        r=job.lora["rank"],
-        lora_alpha=job.lora["alpha"],
-        lora_dropout=job.lora["dropout"],
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
         target_modules=targets,
         layers_to_transform=layers,
         task_type="CAUSAL_LM",
@@ -245,7 +274,7 @@ def with_lora(model, job: TrainingJob):
 
 
 def publishes_adapter(job: TrainingJob) -> bool:
-    return lora_config(job) is not None and job.lora.get("publish") == "adapter"
+    return lora_config(job) is not None and job.settings.lora.publish == "adapter"
 
 
 def save_trained(model, job: TrainingJob, output_dir: str) -> None:
@@ -316,9 +345,9 @@ def report_metrics(metrics: dict) -> None:
 def train_and_save(trainer, tokenizer, job: TrainingJob, rows: int) -> dict:
     """Train (from the stage's newest checkpoint when it has one), write the model folder (all
     ranks take part in saving), return rank 0's metrics."""
-    from training.checkpoint import CheckpointPlan, mirroring_callback
+    from training.checkpoint import mirroring_callback
 
-    plan = CheckpointPlan.from_job(job.checkpoint)
+    plan = job.checkpoint
     mirror = mirroring_callback(plan) if plan is not None else None
     if mirror is not None:
         trainer.add_callback(mirror)

@@ -26,6 +26,8 @@ def command(
         return [sys.executable, "-m", module, "--config", str(job_file)]
     import torch
 
+    from training.job import gpu_has_bf16
+
     gpu = torch.cuda.is_available()
     if not gpu and accelerate_config is None:
         # accelerate's CPU launcher starts a single process unless MPI is set up; torchrun starts
@@ -34,7 +36,7 @@ def command(
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(num_processes),
             "-m", module, "--config", str(job_file),
         ]  # fmt: skip
-    precision = "bf16" if gpu and torch.cuda.is_bf16_supported() else "no"  # as trainer_defaults
+    precision = "bf16" if gpu_has_bf16() else "no"  # as trl's bf16 (`trainer_defaults`)
     return [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", accelerate_config_file(accelerate_config or "ddp"),
@@ -185,14 +187,15 @@ def train_to_store(
     data_url: str,
     out_url: str,
     settings,
+    seed: int,
     trl_args: dict,
     extra_env: dict[str, str] | None = None,
-    job_fields: dict | None = None,
+    checkpoint=None,
 ) -> dict:
     """Train `model_url` on `data_url` with `module`, put the model folder at `out_url/model`.
 
-    `settings` is the stage's `SFTSettings` / `DPOSettings` / `RLSettings` (length, processes,
-    frozen layers); `job_fields` sets more of the `TrainingJob` (RL's settings and seed).
+    `settings` is the stage's `SFTSettings` / `DPOSettings` / `RLSettings`, handed to the trainer
+    whole in its job file; `checkpoint` a `training.checkpoint.CheckpointPlan` or None.
 
     Returns the metrics the trainer printed last. The model is written next to the store's
     files on a local store, and uploaded from a scratch folder otherwise.
@@ -214,10 +217,10 @@ def train_to_store(
             model_dir=str(store.local_dir(model_url)),
             data_file=str(store.local_file(data_url)),
             output_dir=str(output),
-            max_length=settings.max_length,
-            frozen_layers=settings.frozen_layers,
+            settings=settings,
+            seed=seed,
             trl_args={**trl_args, "output_dir": str(scratch / "work")},
-            **(job_fields or {}),
+            checkpoint=checkpoint,
         )
         metrics_file = scratch / "metrics.json"
         env = {**(extra_env or {}), "FLYWHEEL_METRICS_FILE": str(metrics_file)}
@@ -242,13 +245,13 @@ def trained_model(
     model_url: str,
     data_url: str,
     settings,
+    seed: int,
     trl_args: dict,
-    job_fields: dict | None = None,
 ):
     """The body of a training stage (`flywheel.stage.stage`): train into the stage's folder,
     logging into its MLflow run, checkpointing as `settings` say (removed once the model is in
     the store: nothing to resume), with `settings.lora`; the model, the log and the trainer's
-    last metrics. `job_fields` sets more of the `TrainingJob` (RL's settings and seed)."""
+    last metrics. `trl_args` are trl's arguments derived from `settings` (none for training.rl)."""
     from flywheel.stage import StageResult
     from training.checkpoint import checkpoint_plan, remove_checkpoints
 
@@ -257,14 +260,10 @@ def trained_model(
             "lora.publish=adapter needs a local store (storage_url a folder): the adapter names "
             "its base by its path on this machine; use lora.publish=merged (docs/lora.md)"
         )
-    job_fields = {
-        "checkpoint": checkpoint_plan(run, settings.checkpoint_every_steps),
-        "lora": settings.lora.model_dump(mode="json"),
-        **(job_fields or {}),
-    }
+    checkpoint = checkpoint_plan(run, settings.checkpoint_every_steps)
     metrics = train_to_store(
-        run.store, module, model_url, data_url, run.url, settings, trl_args, run.tracking_env(),
-        job_fields,
+        run.store, module, model_url, data_url, run.url, settings, seed, trl_args,
+        run.tracking_env(), checkpoint,
     )  # fmt: skip
     remove_checkpoints(run.store, run.url)
     return StageResult(

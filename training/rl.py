@@ -521,8 +521,8 @@ def mixed_outcome_groups(trajectories: list[Trajectory]) -> list[Trajectory]:
     return [t for t in trajectories if t.group_id in mixed]
 
 
-def train(job: TrainingJob) -> dict:
-    settings = RLSettings.model_validate(job.rl or {})
+def train(job: TrainingJob[RLSettings]) -> dict:
+    settings = job.settings
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     torch.manual_seed(job.seed)
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
@@ -530,11 +530,11 @@ def train(job: TrainingJob) -> dict:
     trajectories = sampled_trajectories
     if settings.groups == "mixed":
         trajectories = mixed_outcome_groups(sampled_trajectories)
-    found, counts = rl_rows(trajectories, ChatTokenizer(tokenizer), job.max_length)
+    found, counts = rl_rows(trajectories, ChatTokenizer(tokenizer), settings.max_length)
     if not found:
         raise ValueError(
             f"{job.data_file}: no trajectory has sampled tokens to learn from within "
-            f"max_length={job.max_length} ({counts})"
+            f"max_length={settings.max_length} ({counts})"
             + (
                 f"; rl.groups=mixed kept {len(trajectories)} of {len(sampled_trajectories)} "
                 "(no group held both a success and a failure: sample more episodes per "
@@ -558,7 +558,7 @@ def train(job: TrainingJob) -> dict:
     optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate, weight_decay=0.0)
     wrapped, optimizer = accelerator.prepare(policy, optimizer)
     progress = Progress(
-        seed=job.seed, plan=CheckpointPlan.from_job(job.checkpoint),
+        seed=job.seed, plan=job.checkpoint,
         log_step=mlflow_step_logger() if accelerator.is_main_process else None,
     )  # fmt: skip
     sums = Sums()
@@ -614,7 +614,7 @@ def metrics(rows: Rows, advantages, sums: Sums, counts, found: list[dict], proce
 
 
 def main(argv: list[str] | None = None) -> None:
-    report_metrics(train(parse_job(__doc__.splitlines()[0], argv)))
+    report_metrics(train(parse_job(__doc__.splitlines()[0], RLSettings, argv)))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from trl import SFTConfig, SFTTrainer
 
 from flywheel.chat import ChatTokenizer
 from flywheel.records import Trajectory
+from flywheel.settings import SFTSettings
 from training.datasets import sft_rows, token_counts
 from training.job import (
     TrainingJob,
@@ -27,18 +28,19 @@ from training.job import (
 )
 
 
-def train(job: TrainingJob) -> dict:
+def train(job: TrainingJob[SFTSettings]) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
     chat = ChatTokenizer(tokenizer)
     with open(job.data_file) as f:
         trajectories = [Trajectory.model_validate_json(line) for line in f if line.strip()]
-    rows, counts = sft_rows(trajectories, chat, job.max_length)
+    max_length = job.settings.max_length
+    rows, counts = sft_rows(trajectories, chat, max_length)
     if not rows:
         raise ValueError(
             f"{job.data_file}: no trajectory has tokens to learn from within "
-            f"max_length={job.max_length} ({counts})"
+            f"max_length={max_length} ({counts})"
         )
-    config = SFTConfig(max_length=job.max_length, **trainer_defaults(job))
+    config = SFTConfig(max_length=max_length, **trainer_defaults(job))
     model = load_model(job)
     trainer = SFTTrainer(
         model=model,
@@ -52,7 +54,7 @@ def train(job: TrainingJob) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    report_metrics(train(parse_job(__doc__.splitlines()[0], argv)))
+    report_metrics(train(parse_job(__doc__.splitlines()[0], SFTSettings, argv)))
 
 
 if __name__ == "__main__":

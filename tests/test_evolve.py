@@ -1,4 +1,4 @@
-"""ET-Agent's flywheel on the QA environment, with a scripted policy (the solver plan with
+"""ET-Agent's data evolution on the QA environment, with a scripted policy (the solver plan with
 planted mistakes, `tests.scripted_qa`) and a scripted judge: the rollout continuation it rests
 on, then the stage, called directly on a local store."""
 
@@ -12,10 +12,16 @@ from agents.rollout import Resume, RolloutSettings, agent_prefix, continue_batch
 from envs import make_env
 from flywheel.inference import SamplingSettings
 from flywheel.records import Message, Trajectory
-from flywheel.settings import EnvSettings, FlywheelSettings, InferenceSettings, JudgeSettings
+from flywheel.settings import EnvSettings, InferenceSettings
 from flywheel.stage import StageOutput
 from flywheel.storage import ArtifactStore
-from tasks.evolve import EvolveInputs, FlywheelRecord, flywheel_stage
+from tasks.evolve import (
+    EvolveInputs,
+    EvolveRecord,
+    EvolveSettings,
+    JudgeSettings,
+    evolve_stage,
+)
 from tests.scripted_qa import NO_CALL, PlannedQABackend, ScriptedJudgeBackend
 
 HINT = Message(role="user", content="Your previous step was wrong: try again.")
@@ -103,12 +109,12 @@ def run_stage(env, chat, questions, tmp_path, monkeypatch, rounds=3, **judge_bac
     inputs = EvolveInputs(
         model_url=store.url("models/policy"), env=EnvSettings(name="qa"), task_ids=list(questions),
         prefix=agent_prefix(env, []), inference=InferenceSettings(),
-        settings=FlywheelSettings(rounds=rounds, judge=JudgeSettings()), max_steps=8, seed=0,
+        settings=EvolveSettings(rounds=rounds, judge=JudgeSettings()), max_steps=8, seed=0,
     )  # fmt: skip
-    manifest = flywheel_stage.fn(inputs, StageOutput(store_url=store.root, url=store.url("fw")))
+    manifest = evolve_stage.fn(inputs, StageOutput(store_url=store.root, url=store.url("fw")))
     judge_model.release()  # a hung judge's abandoned thread ends
     kept = store.read_records(manifest.files["trajectories"], Trajectory)
-    records = store.read_records(manifest.files["records"], FlywheelRecord)
+    records = store.read_records(manifest.files["records"], EvolveRecord)
     return manifest, kept, records
 
 
