@@ -1,5 +1,8 @@
 """Stage: the actor model finds the first error of each pair's bad path (Agent-R's critique).
 
+A step verifier: each step gets a verdict of its own, in turn. (ET-Agent's judge,
+`agents/trajectory_judge.py`, reads a whole trajectory at once and names one step by number.)
+
 The model judges the bad path one step at a time with a verifier prompt: Good, Bad or Uncertain;
 the first Bad step ends the bad prefix. Judging starts where the bad path leaves the good one:
 the steps before are on a path that reached a good leaf. Pairs are judged in lockstep, one
@@ -236,9 +239,9 @@ def critique_pairs(
         steps = tree.path(pair.bad_leaf)[1:]
         reviews.append(_Review(i, pair, tree, steps, pair.divergence, [], [], []))
     if settings.method == "likelihood":
-        judge = _LikelihoodJudge(backend, chat, settings)
+        judge = _LikelihoodVerifier(backend, chat, settings)
     else:
-        judge = _GenerateJudge(backend, settings)
+        judge = _GenerateVerifier(backend, settings)
     question = verifier_question(settings)
     room = max_model_len - len(chat.header_ids) - judge.reply_room
     active = [r for r in reviews if r.at < len(r.steps)]
@@ -264,7 +267,7 @@ def critique_pairs(
     return [_critique(r, oracle, every_step) for r in reviews]
 
 
-class _GenerateJudge:
+class _GenerateVerifier:
     """The model writes its judgement; the verdict is parsed from it (None without one)."""
 
     def __init__(self, backend: InferenceBackend, settings: CritiqueSettings):
@@ -277,7 +280,7 @@ class _GenerateJudge:
         return [(parse_judgement(g.text), g.text, None) for g in generations]
 
 
-class _LikelihoodJudge:
+class _LikelihoodVerifier:
     """Each verdict's reply, ended as a finished turn, is scored after the prompt; one score
     call covers every prompt and verdict (and, calibrated, every content-free prompt). The
     response records the scores."""

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from agents.formats import make_format
-from agents.judge import Judge
 from agents.rollout import Resume, RolloutSettings, agent_prefix, continue_batched, run_batched
+from agents.trajectory_judge import TrajectoryJudge
 from envs import make_env
 from flywheel.inference import SamplingSettings
 from flywheel.records import Message, Trajectory
@@ -103,7 +103,7 @@ def run_stage(env, chat, questions, tmp_path, monkeypatch, rounds=3, **judge_bac
     timeout_s = judge_backend.pop("timeout_s", 5.0)
     judge_model = ScriptedJudgeBackend(chat, **judge_backend)
     agent_format = make_format(env.agent_format, env.tool_arguments)
-    judge = Judge(judge_model, chat, agent_format, timeout_s=timeout_s)
+    judge = TrajectoryJudge(judge_model, chat, agent_format, timeout_s=timeout_s)
     monkeypatch.setattr("tasks.evolve.open_models", lambda inputs, store: (chat, policy, judge))
     store = ArtifactStore(str(tmp_path / "store"))
     inputs = EvolveInputs(

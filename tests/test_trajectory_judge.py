@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from agents.formats import TagFormat
-from agents.judge import Judge, episode_steps, parse_step, rule_first_flaw, rule_redundant_step
+from agents.trajectory_judge import (
+    TrajectoryJudge,
+    episode_steps,
+    parse_step,
+    rule_first_flaw,
+    rule_redundant_step,
+)
 from flywheel.records import Message, Trajectory
 from tests.scripted_qa import ScriptedJudgeBackend, judged_steps
 
@@ -65,9 +71,9 @@ def test_a_step_is_read_from_the_last_labelled_number_in_range():
     assert parse_step("The third one.", 3, True) is None
 
 
-def judge_of(chat, reply) -> tuple[Judge, ScriptedJudgeBackend]:
+def judge_of(chat, reply) -> tuple[TrajectoryJudge, ScriptedJudgeBackend]:
     scripted = ScriptedJudgeBackend(chat, reply=reply)
-    return Judge(scripted, chat, TAGS, max_tokens=32, timeout_s=5.0), scripted
+    return TrajectoryJudge(scripted, chat, TAGS, max_tokens=32, timeout_s=5.0), scripted
 
 
 def test_the_judge_model_is_asked_once_for_all_trajectories_and_its_steps_kept(chat):
@@ -100,7 +106,7 @@ def test_an_unparsable_reply_falls_back_to_the_rules_and_is_recorded(chat):
 )
 def test_a_timed_out_or_failed_call_falls_back_to_the_rules_without_raising(chat, backend, error):
     scripted = ScriptedJudgeBackend(chat, **backend)
-    judge = Judge(scripted, chat, TAGS, timeout_s=0.1)
+    judge = TrajectoryJudge(scripted, chat, TAGS, timeout_s=0.1)
     verdicts = judge.redundant_step([REPEATED, CLEAN])
     scripted.release()
     assert [(v.step, v.source) for v in verdicts] == [(2, "rules"), (None, "rules")]

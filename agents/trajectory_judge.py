@@ -1,6 +1,9 @@
-"""ET-Agent's judge: which step of a tool-using trajectory is redundant, which is its first flaw.
+"""ET-Agent's trajectory judge: which step of a tool-using trajectory is redundant, which is its
+first flaw. It reads the whole trajectory at once and names one step by its number; Agent-R's
+critique (`tasks/critique.py`) is the other kind, a step verifier: it judges each step in turn
+(Good, Bad or Uncertain) and the first Bad one ends the bad prefix.
 
-A `Judge` asks a model (the policy itself, a local model, or a served one: any
+A `TrajectoryJudge` asks a model (the policy itself, a local model, or a served one: any
 `flywheel.inference` backend), batched over trajectories, for a step number. The trajectory is
 shown as numbered steps (the agent's turn and the tool's result); the reply is read for its last
 "Step: <n>" ("Step: none" where nothing is redundant). Where the model gives no usable number, or
@@ -164,7 +167,7 @@ def parse_step(text: str, steps: int, allow_none: bool) -> tuple[int | None, str
     return number - 1, reason
 
 
-class Judge:
+class TrajectoryJudge:
     """Asks `backend` (through `chat`, its model's chat tokenizer) about trajectories in the
     agent format `agent_format`; a call past `timeout_s` is abandoned (its thread may finish
     later) and the rules decide."""
