@@ -14,7 +14,9 @@ each step a process of its own with its own timeout, so one failure does not sto
 5. `sft-lora`, `dpo-lora`: the same with LoRA, skipped with a note until peft and `sft.lora`
    exist.
 6. `zero2`, `zero3`: ETO's SFT on every visible GPU under configs/accelerate/zero2|3.yaml.
-7. `rl`: one Agent-R1 round (samples, RL update, evaluation) on the built model.
+7. `rl`: one Agent-R1 round (samples, RL update, evaluation) on the built model; where the flows
+   are not installed, `rl-step` and `rl-step-lora` time the RL update alone (training.rl, GRPO,
+   on prepared groups of sampled-like trajectories).
 8. `eto-round`: one whole ETO round at the GPU budget (bench/efficacy.py --gpu, one seed).
 
 `--dry-run` (CI, no GPU): builds every command, parses every config and override the steps
@@ -343,8 +345,10 @@ PREPARED_JOBS = {
     "zero2": ("sft", False, "zero2", {}), "zero3": ("sft", False, "zero3", {}),
     "sft-packed": ("sft", False, None, PACKED), "sft-lora-packed": ("sft", True, None, PACKED),
     "dpo-batch8": ("dpo", False, None, GPU_BATCH),
+    "rl-step": ("rl", False, None, {}), "rl-step-lora": ("rl", True, None, {}),
 }  # fmt: skip
-CHECKLIST_JOBS = ("sft", "dpo", "sft-lora", "dpo-lora", "zero2", "zero3")
+CHECKLIST_JOBS = ("sft", "dpo", "sft-lora", "dpo-lora", "zero2", "zero3", "rl-step", "rl-step-lora")
+RL_GROUP = 4  # samples per task in the RL step's groups, rewards 1, 0, 1, 0: every row has signal
 ROOT_MARK, PREP_MARK = "@WORK@", "@PREPARED@"  # replaced by the GPU machine's folders
 PREPARED_TIMEOUT_S = 240  # a step: a lent machine comes for minutes
 
@@ -356,7 +360,8 @@ def prepare(folder: Path, jobs=CHECKLIST_JOBS, tasks: int = 16, pairs: int = 8) 
     import transformers
 
     from bench.train_throughput import LORA_R16, expert_data, token_counts
-    from flywheel.settings import DPOSettings, LoRASettings, SFTSettings
+    from flywheel.chat import ChatTokenizer
+    from flywheel.settings import DPOSettings, LoRASettings, RLSettings, SFTSettings
     from tasks.dpo import dpo_trl_args
     from tasks.sft import sft_trl_args
     from training.job import TrainingJob
@@ -366,17 +371,28 @@ def prepare(folder: Path, jobs=CHECKLIST_JOBS, tasks: int = 16, pairs: int = 8) 
     transformers.AutoTokenizer.from_pretrained(base).save_pretrained(folder / "tokenizer")
     transformers.GenerationConfig.from_pretrained(base).save_pretrained(folder / "tokenizer")
     trajectories, pair_records = expert_data(tasks, 4)
-    records = {"sft": trajectories, "dpo": pair_records[:pairs]}
+    chat = ChatTokenizer(transformers.AutoTokenizer.from_pretrained(folder / "tokenizer"))
+    records = {
+        "sft": trajectories,
+        "dpo": pair_records[:pairs],
+        "rl": sampled_groups(trajectories[: max(1, tasks // RL_GROUP)], RL_GROUP, chat),
+    }
     counts = {}
     for trainer, rows in records.items():
         data = folder / f"{trainer}.jsonl"
         data.write_text("".join(r.model_dump_json() + "\n" for r in rows))
-        counts[trainer] = token_counts(trainer, rows, folder / "tokenizer", 1024)
+        # an RL row is the whole conversation, as an SFT row is: count it the same way
+        counts[trainer] = token_counts(
+            "dpo" if trainer == "dpo" else "sft", rows, folder / "tokenizer", 1024
+        )
     settings = {
         "sft": SFTSettings(epochs=1, learning_rate=1e-4, max_length=1024),
         "dpo": DPOSettings(epochs=1, max_length=1024),
+        "rl": RLSettings(max_length=1024),  # Agent-R1's GRPO: 8 sequences an optimizer step
     }
-    trl_args = {"sft": sft_trl_args(settings["sft"]), "dpo": dpo_trl_args(settings["dpo"])}
+    trl_args = {
+        "sft": sft_trl_args(settings["sft"]), "dpo": dpo_trl_args(settings["dpo"]), "rl": {},
+    }  # fmt: skip
     (folder / "jobs").mkdir(exist_ok=True)
     plan_file = {}
     for name in jobs:
@@ -388,7 +404,7 @@ def prepare(folder: Path, jobs=CHECKLIST_JOBS, tasks: int = 16, pairs: int = 8) 
             settings=settings[trainer].model_copy(update={"lora": LoRASettings(**LORA_R16)})
             if lora else settings[trainer], seed=0,
             trl_args={**trl_args[trainer], **extra, "output_dir": f"{out}/trl",
-                      "report_to": "none"},
+                      "report_to": "none"} if trl_args[trainer] else {},
         )  # fmt: skip
         job.save(folder / "jobs" / f"{name}.json")
         rows, real, processed = counts[trainer]
@@ -396,6 +412,32 @@ def prepare(folder: Path, jobs=CHECKLIST_JOBS, tasks: int = 16, pairs: int = 8) 
                            "real_tokens": real, "processed_tokens": processed}  # fmt: skip
     (folder / "plan.json").write_text(json.dumps(plan_file, indent=2) + "\n")
     print(f"prepared {len(plan_file)} jobs in {folder}")
+
+
+def sampled_groups(trajectories, size: int, chat) -> list:
+    """Each trajectory `size` times as one sampled group, rewards 1, 0, 1, ...: the RL step's rows
+    (a group-relative advantage of +-1 on every row, so none is skipped). Each agent turn is
+    tokenised as if the policy had sampled it, ending on its own end marker; no sampler
+    log-probabilities, so the trainer's starting pass supplies the old ones, as it does for a
+    backend that records none."""
+    sampled = []
+    for i, trajectory in enumerate(trajectories):
+        messages = [
+            chat.generated_message(m.content, as_sampled(chat, m.content))
+            if m.role == "assistant" else m
+            for m in trajectory.messages
+        ]  # fmt: skip
+        sampled += [
+            trajectory.model_copy(update={"messages": messages, "group_id": f"g{i}",
+                                          "reward": float(k % 2 == 0), "success": k % 2 == 0})
+            for k in range(size)
+        ]  # fmt: skip
+    return sampled
+
+
+def as_sampled(chat, text: str) -> list[int]:
+    """`text`'s ids followed by the turn's end marker, as a sampler returns a finished turn."""
+    return chat.tokenizer(text, add_special_tokens=False)["input_ids"] + chat.turn_end_ids[:1]
 
 
 def prepared_job_file(prepared: Path, name: str, work: Path, folder: Path) -> Path:
@@ -422,7 +464,8 @@ def train_prepared(prepared: Path, name: str, work: Path) -> None:
     print(json.dumps({
         "trained_tokens_per_s": round(spec["real_tokens"] / seconds, 1), "train_s": seconds,
         "rows": spec["rows"], "trained_tokens": spec["real_tokens"],
-        "optimizer_steps": metrics.get("optimizer_steps"), "train_loss": metrics.get("train_loss"),
+        "optimizer_steps": metrics.get("optimizer_steps"),
+        "train_loss": metrics.get("train_loss", metrics.get("loss")),
     }))  # fmt: skip
 
 

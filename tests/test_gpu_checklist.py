@@ -13,6 +13,10 @@ from bench import gpu_checklist
 
 
 def test_dry_run_plans_every_step_and_launches_nothing(tmp_path, monkeypatch):
+    import flows.agent_r1
+    import flows.eto  # noqa: F401  the recipes' configs, imported before `run` is replaced:
+    # their import reaches MLflow, which asks git for its version through subprocess.run
+
     launched = []
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: launched.append(a))
     out = tmp_path / "checklist.md"
@@ -125,3 +129,35 @@ def test_a_prepared_job_trains_and_reports_its_tokens_per_second(tmp_path):
     text = profile.read_text()
     assert f"{measured['optimizer_steps']} optimizer steps" in text
     assert "## by host time" in text and "aten::mm" in text
+
+
+@pytest.mark.slow  # the expert data, the built-in tokenizer, the RL trainer on a 2-layer model
+def test_a_prepared_rl_step_trains_groups_with_signal_and_reports_its_rate(tmp_path):
+    """The RL step the GPU checklist prepares: each expert trajectory as a group of RL_GROUP
+    samples with rewards 1, 0, 1, 0, trained by training.rl as Agent-R1's stage launches it; the
+    trainer reports its update time as trl's trainers do, so the rate is the same measure."""
+    import os
+
+    env = os.environ | {"FLYWHEEL_CHECKLIST_TINY": "1"}
+    root, script = gpu_checklist.ROOT, [sys.executable, "-m", "bench.gpu_checklist"]
+    prepared, work = tmp_path / "prepared", tmp_path / "work"
+    subprocess.run([*script, "--prepare", str(prepared), "--tasks", "4", "--pairs", "1",
+                    "--jobs", "rl-step"], env=env, cwd=root, check=True)  # fmt: skip
+    rows = [json.loads(line) for line in (prepared / "rl.jsonl").read_text().splitlines()]
+    assert [(r["group_id"], r["reward"]) for r in rows] == [
+        ("g0", 1.0),
+        ("g0", 0.0),
+        ("g0", 1.0),
+        ("g0", 0.0),
+    ]
+    subprocess.run([*script, "--internal", "build-model", str(work / "model"),
+                    str(prepared / "tokenizer")], env=env, cwd=root, check=True)  # fmt: skip
+    done = subprocess.run([*script, "--internal", "train", str(prepared), "rl-step", str(work)],
+                          env=env, cwd=root, check=True, capture_output=True,
+                          text=True)  # fmt: skip
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    assert measured["rows"] == 4 and measured["optimizer_steps"] >= 1
+    assert measured["train_s"] > 0
+    metrics = json.loads((work / "rl-step" / "metrics.json").read_text())
+    assert metrics["rows_skipped_zero_advantage"] == 0  # every row carried a signal
+    assert (work / "rl-step" / "model" / "config.json").exists()

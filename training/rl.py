@@ -561,7 +561,7 @@ def train(job: TrainingJob[RLSettings]) -> dict:
         seed=job.seed, plan=job.checkpoint,
         log_step=mlflow_step_logger() if accelerator.is_main_process else None,
     )  # fmt: skip
-    sums = Sums()
+    sums, train_seconds = Sums(), 0.0
     if found:
         resume(progress, wrapped, optimizer, rows, accelerator)
         resumed_from = progress.step
@@ -571,9 +571,11 @@ def train(job: TrainingJob[RLSettings]) -> dict:
             advantages, returns = estimate_advantages(settings, rows)
         else:
             returns = None
+        started = time.perf_counter()  # the updates alone: what trl's train_runtime times
         sums = optimise(
             wrapped, optimizer, accelerator, settings, rows, advantages, returns, progress
         )
+        train_seconds = time.perf_counter() - started
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         return {}
@@ -581,6 +583,7 @@ def train(job: TrainingJob[RLSettings]) -> dict:
     write_history(job, progress.history)
     return {
         "resumed_from_step": resumed_from if found else 0,
+        "train_runtime": train_seconds,
         "checkpoints_saved": progress.checkpoints_saved,
         "checkpoint_seconds": progress.checkpoint_seconds,
         **metrics(rows, advantages, sums, counts, found, accelerator.num_processes),
