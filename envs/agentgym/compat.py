@@ -75,7 +75,7 @@ MAX_DISTRACTORS = 10  # decoy recipes shown at most
 USES_PER_INGREDIENT = 10  # decoys drawn per ingredient at most
 # agentenv_sciworld/environment.py, SciWorldEnv.__init__: task keys AgentGym leaves out.
 SCIWORLD_EXCEPTIONS = frozenset({"5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2"})
-SESSION_ID_BITS = 53  # as envs.serve's: random, exact in every JSON parser
+SESSION_ID_BITS = 53  # as envs.agentgym.server's: random, exact in every JSON parser
 
 
 class HTTPReply(Exception):
@@ -430,7 +430,7 @@ class _AgentGymService:
         self.sessions = _Sessions(session_ttl_s, sequential_ids)
 
     def info(self) -> dict:
-        from envs.agentgym import tasks_digest
+        from envs.agentgym.protocol import tasks_digest
 
         return {"env": self.env.name, "dialect": self.dialect, "compat": "agentgym",
                 "tasks": len(self.tasks), "tasks_sha1": tasks_digest(self.tasks)}  # fmt: skip
@@ -553,9 +553,9 @@ class AgentGymTextCraftService(_AgentGymService):
 @functools.cache
 def sciworld_games() -> tuple[tuple[str, int], ...]:
     """AgentGym's SciWorld `data_idx` list, `(task name, variation)` (environment.py, __init__)."""
-    from envs.scienceworld import _pool
+    from envs.scienceworld import worlds
 
-    with _pool.borrowed() as world:
+    with worlds.borrowed() as world:
         return tuple(
             (name, variation)
             for key, name in world.tasks.items()
@@ -574,9 +574,9 @@ class _SciWorldGame:
 
     def take(self):
         if self.world is None:
-            from envs.scienceworld import _pool
+            from envs.scienceworld import worlds
 
-            self.world = _pool.take()
+            self.world = worlds.take()
         return self.world
 
     def call(self, method: str, *args):
@@ -592,13 +592,13 @@ class _SciWorldGame:
         world, self.world = self.world, None
         if world is None:
             return
-        from envs.scienceworld import _pool
+        from envs.scienceworld import worlds
 
         if self.broken:
             with contextlib.suppress(Exception):
                 world.close()
         else:
-            _pool.give_back(world)
+            worlds.give_back(world)
 
 
 class AgentGymSciWorldService(_AgentGymService):
@@ -714,29 +714,13 @@ class AgentGymSciWorldService(_AgentGymService):
 def compat_service(
     compat: str,
     env,
-    dialect: str,
+    dialect,
     session_ttl_s: float,
     sequential_ids: bool = False,
     options: CompatOptions = CompatOptions(),  # noqa: B008 (frozen)
 ):
-    """The service that answers as `compat`'s servers do for `dialect`."""
+    """The service that answers as `compat`'s servers do for `dialect` (an
+    `envs.agentgym.protocol.Dialect`: it names its emulation, or refuses)."""
     if compat != "agentgym":
         raise ValueError(f"unknown compatibility mode {compat!r}; expected one of {COMPAT_MODES}")
-    services = {"textcraft": AgentGymTextCraftService, "sciworld": AgentGymSciWorldService}
-    expected = {"textcraft": "textcraft", "sciworld": "scienceworld"}
-    if dialect not in services:
-        raise ValueError(
-            f"--compat agentgym speaks the textcraft and sciworld dialects, not {dialect!r}"
-        )
-    if env.name != expected[dialect]:
-        raise ValueError(
-            f"--compat agentgym serves AgentGym's {dialect} tasks, which need the "
-            f"{expected[dialect]} environment, not {env.name}"
-        )
-    if dialect == "textcraft":
-        return AgentGymTextCraftService(env, session_ttl_s, sequential_ids, options)
-    if options != CompatOptions():
-        raise ValueError(
-            "--recipes and --recipe-listing are TextCraft's; SciWorld has no such files"
-        )
-    return AgentGymSciWorldService(env, session_ttl_s, sequential_ids)
+    return dialect.compat_service(env, session_ttl_s, sequential_ids, options)
