@@ -66,6 +66,10 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from envs.agentgym.dialects.sciworld import SCIWORLD
+from envs.agentgym.dialects.textcraft import TEXTCRAFT
+from envs.agentgym.protocol import Dialect
+
 COMPAT_MODES = ("agentgym",)
 
 # AgentGym's TextCraft goals: items of recipe depth at least 1 (Flywheel's own tasks need 2).
@@ -421,7 +425,7 @@ class _AgentGymService:
     and `/tasks`, the session table, and queries that answer for a checked id."""
 
     hello_text = ""
-    dialect = ""
+    dialect: Dialect  # the family whose server this one answers as
 
     def __init__(
         self, env, tasks: list[str], session_ttl_s: float, sequential_ids: bool = False
@@ -432,7 +436,7 @@ class _AgentGymService:
     def info(self) -> dict:
         from envs.agentgym.protocol import tasks_digest
 
-        return {"env": self.env.name, "dialect": self.dialect, "compat": "agentgym",
+        return {"env": self.env.name, "dialect": self.dialect.name, "compat": "agentgym",
                 "tasks": len(self.tasks), "tasks_sha1": tasks_digest(self.tasks)}  # fmt: skip
 
     def common_routes(self) -> list[tuple[str, str, Any, str | None]]:
@@ -461,7 +465,7 @@ class AgentGymTextCraftService(_AgentGymService):
     """agentenv_textcraft's `TextCraft_Wrapper` and FastAPI routes over Flywheel's game."""
 
     hello_text = "This is environment TextCraft."
-    dialect = "textcraft"
+    dialect = TEXTCRAFT
 
     def __init__(
         self,
@@ -605,9 +609,19 @@ class AgentGymSciWorldService(_AgentGymService):
     """agentenv_sciworld's `SciWorldEnv` and FastAPI routes over Flywheel's ScienceWorld pool."""
 
     hello_text = "This is environment ScienceWorld."
-    dialect = "sciworld"
+    dialect = SCIWORLD
 
-    def __init__(self, env, session_ttl_s: float = 3600, sequential_ids: bool = False) -> None:
+    def __init__(
+        self,
+        env,
+        session_ttl_s: float = 3600,
+        sequential_ids: bool = False,
+        options: CompatOptions = CompatOptions(),  # noqa: B008 (frozen)
+    ) -> None:
+        if options != CompatOptions():
+            raise ValueError(
+                "--recipes and --recipe-listing are TextCraft's; SciWorld has no such files"
+            )
         self.games = list(sciworld_games())
         tasks = [f"{name}/{variation}" for name, variation in self.games]
         super().__init__(env, tasks, session_ttl_s, sequential_ids)
@@ -711,16 +725,28 @@ class AgentGymSciWorldService(_AgentGymService):
         return True
 
 
+# The AgentGym servers answered as they answer, one for each family the project plays itself.
+EMULATED = (AgentGymTextCraftService, AgentGymSciWorldService)
+
+
 def compat_service(
     compat: str,
     env,
-    dialect,
+    dialect: Dialect,
     session_ttl_s: float,
     sequential_ids: bool = False,
     options: CompatOptions = CompatOptions(),  # noqa: B008 (frozen)
 ):
-    """The service that answers as `compat`'s servers do for `dialect` (an
-    `envs.agentgym.protocol.Dialect`: it names its emulation, or refuses)."""
+    """The service that answers as `compat`'s servers do for `dialect`, over `env`."""
     if compat != "agentgym":
         raise ValueError(f"unknown compatibility mode {compat!r}; expected one of {COMPAT_MODES}")
-    return dialect.compat_service(env, session_ttl_s, sequential_ids, options)
+    service = next((s for s in EMULATED if s.dialect is dialect), None)
+    if service is None:
+        spoken = " and ".join(s.dialect.name for s in EMULATED)
+        raise ValueError(f"--compat agentgym speaks the {spoken} dialects, not {dialect.name!r}")
+    if env.name != dialect.served_env:
+        raise ValueError(
+            f"--compat agentgym serves AgentGym's {dialect.name} tasks, which need the "
+            f"{dialect.served_env} environment, not {env.name}"
+        )
+    return service(env, session_ttl_s, sequential_ids, options)

@@ -136,20 +136,8 @@ class Dialect:
     def mistakes(self, instruction: str, actions: list[str | None]) -> list[bool] | None:
         return None
 
-    # ---- `serve-env --compat agentgym`: answering as AgentGym's own server does ----
-
-    def compat_service(self, env: Environment, session_ttl_s: float, sequential_ids: bool, options):
-        raise ValueError(
-            f"--compat agentgym speaks the textcraft and sciworld dialects, not {self.name!r}"
-        )
+    # ---- `serve-env --compat agentgym` (envs/agentgym/compat.py emulates the family's server) ----
 
     def compat_mode(self, options) -> str:
         """What the startup line says of the emulation's options."""
         return ""
-
-    def check_served_env(self, env: Environment) -> None:
-        if env.name != self.served_env:
-            raise ValueError(
-                f"--compat agentgym serves AgentGym's {self.name} tasks, which need the "
-                f"{self.served_env} environment, not {env.name}"
-            )

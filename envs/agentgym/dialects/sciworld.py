@@ -11,7 +11,7 @@ from typing import Any
 
 from envs.agentgym.expert import SCIWORLD_PROMPT, sciworld_plan
 from envs.agentgym.protocol import Dialect, answer_number, answer_text
-from envs.base import Environment, StepResult
+from envs.base import StepResult
 
 
 class SciWorldDialect(Dialect):
@@ -44,16 +44,6 @@ class SciWorldDialect(Dialect):
     def expert_plan(self, instruction: str, reset_answer: Any) -> list[tuple[str, str]] | None:
         """ScienceWorld's gold path for the task and variation the `/reset` answer names."""
         return sciworld_plan(reset_answer) if isinstance(reset_answer, dict) else None
-
-    def compat_service(self, env: Environment, session_ttl_s: float, sequential_ids: bool, options):
-        from envs.agentgym.compat import AgentGymSciWorldService, CompatOptions
-
-        self.check_served_env(env)
-        if options != CompatOptions():
-            raise ValueError(
-                "--recipes and --recipe-listing are TextCraft's; SciWorld has no such files"
-            )
-        return AgentGymSciWorldService(env, session_ttl_s, sequential_ids)
 
 
 SCIWORLD = SciWorldDialect()

@@ -15,7 +15,6 @@ from envs.agentgym.expert import (
     textcraft_plan,
 )
 from envs.agentgym.protocol import Dialect
-from envs.base import Environment
 
 # AgentGym's TextCraft server builds its task text by iterating Python sets, so the text depends
 # on the server process's hash seed: servers with different seeds cannot take over each other's
@@ -49,12 +48,6 @@ class TextCraftDialect(Dialect):
 
     def mistakes(self, instruction: str, actions: list[str | None]) -> list[bool] | None:
         return textcraft_mistakes(instruction, actions)
-
-    def compat_service(self, env: Environment, session_ttl_s: float, sequential_ids: bool, options):
-        from envs.agentgym.compat import AgentGymTextCraftService
-
-        self.check_served_env(env)
-        return AgentGymTextCraftService(env, session_ttl_s, sequential_ids, options)
 
     def compat_mode(self, options) -> str:
         return f", recipe files listed by {options.listing}"
