@@ -47,9 +47,9 @@ def agentgym(env: EnvSettings) -> Environment:
 
 register("textcraft", Registration(textcraft))
 register("scienceworld", Registration(scienceworld, section="scienceworld"))
-register("qa", Registration(qa, section="qa"))
+register("qa", Registration(qa, section="qa", servable=False))
 for dialect in ("textcraft", "sciworld", "webshop"):
     register(
         AGENTGYM_PREFIX + dialect,
-        Registration(agentgym, section="agentgym", agentgym_only=True),
+        Registration(agentgym, section="agentgym", agentgym_only=True, servable=False),
     )

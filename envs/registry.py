@@ -48,12 +48,14 @@ class Registration:
     `settings` is the model `env.options` must fit (NoSettings: none may be given).
     `section` names where its settings live, for the error when some are put in `env.options`.
     `agentgym_only`: it runs on AgentGym's own servers only (`env.servers`), never in process.
+    `servable`: `flywheel serve-env --config` serves it (a plugin's episodes are plain text).
     """
 
     make: Callable[[EnvSettings], Environment]
     settings: type[BaseModel] = NoSettings
     section: str = "options"
     agentgym_only: bool = False
+    servable: bool = True
 
 
 REGISTERED: dict[str, Registration] = {}

@@ -135,3 +135,15 @@ def test_an_entry_point_names_an_environment(installed_plugin):
 def test_an_entry_point_that_does_not_load_is_named(installed_plugin):
     with pytest.raises(ConfigError, match="'broken': its entry point 'examples.counter_env:Gone'"):
         check_env_settings(env("broken"))
+
+
+def test_serve_env_serves_a_plugin_from_a_config_but_still_not_qa(tmp_path):
+    from envs.agentgym.server import env_settings, parse_args
+
+    config = tmp_path / "counter.yaml"
+    config.write_text(f"env:\n  name: {COUNTER}\n  options: {{test_tasks: 2}}\n")
+    served = env_settings(parse_args(["--config", str(config)]))
+    assert served.name == COUNTER and served.options == {"test_tasks": 2}
+    config.write_text("env:\n  name: qa\n")
+    with pytest.raises(ConfigError, match="env.name 'qa' cannot be served here"):
+        env_settings(parse_args(["--config", str(config)]))

@@ -553,17 +553,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
-SERVABLE = ("textcraft", "scienceworld")
+SERVABLE = ("textcraft", "scienceworld")  # by name alone (`--env`); a config may name a plugin
 
 
 def env_settings(args: argparse.Namespace):
     """The environment to serve: a config's `env` section (without its servers), or a name."""
+    from envs.registry import check_env_settings
     from flywheel.settings import ConfigError, EnvSettings, load_config_section
 
     if not args.config:
         return EnvSettings(name=args.env)
     settings = load_config_section(EnvSettings, args.config, "env")
-    if settings.name not in SERVABLE:
+    if not check_env_settings(settings).servable:
         raise ConfigError(f"{args.config}: env.name {settings.name!r} cannot be served here")
     return settings.model_copy(update={"servers": []})
 
