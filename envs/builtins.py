@@ -8,6 +8,7 @@ code (`flywheel/code_version.py` follows imports inside functions too).
 
 from __future__ import annotations
 
+from envs.agentgym.dialects import DIALECTS
 from envs.base import Environment
 from envs.registry import Registration, register
 from flywheel.settings import AGENTGYM_PREFIX, EnvSettings
@@ -48,7 +49,7 @@ def agentgym(env: EnvSettings) -> Environment:
 register("textcraft", Registration(textcraft))
 register("scienceworld", Registration(scienceworld, section="scienceworld"))
 register("qa", Registration(qa, section="qa", servable=False))
-for dialect in ("textcraft", "sciworld", "webshop"):
+for dialect in DIALECTS:  # agentgym-textcraft, agentgym-sciworld, agentgym-webshop
     register(
         AGENTGYM_PREFIX + dialect,
         Registration(agentgym, section="agentgym", agentgym_only=True, servable=False),

@@ -147,3 +147,12 @@ def test_serve_env_serves_a_plugin_from_a_config_but_still_not_qa(tmp_path):
     config.write_text("env:\n  name: qa\n")
     with pytest.raises(ConfigError, match="env.name 'qa' cannot be served here"):
         env_settings(parse_args(["--config", str(config)]))
+
+
+def test_the_command_line_refuses_an_unknown_name_before_any_work(tmp_path, capsys):
+    from flows.eto import main
+
+    store = tmp_path / "store"
+    assert main(["env.name=webshopx", f"storage_url={store}"]) == 2
+    assert "env.name: unknown environment 'webshopx'" in capsys.readouterr().err
+    assert not store.exists()  # refused before the run lock or the store's check
