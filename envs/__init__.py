@@ -17,9 +17,9 @@ def make_env(settings: str | EnvSettings) -> Environment:
     if isinstance(settings, str):
         settings = EnvSettings(name=settings)
     registration = check_env_settings(settings)
-    if registration.agentgym_only:  # EnvSettings refuses one without servers
-        return registration.make(settings)
     env = registration.make(settings)
+    if registration.agentgym_only:  # on AgentGym's servers (EnvSettings refuses none given)
+        return env
     if not isinstance(env, Environment):
         raise ConfigError(
             f"env.name={settings.name!r} made a {type(env).__name__}, not an envs.base.Environment"
