@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agents.eto_format import read_eto_sft
-from envs.agentgym_expert import textcraft_goal
+from envs.agentgym.expert import textcraft_goal
 from flywheel.chat import format_observation, format_reply, parse_reply
 from flywheel.records import Message, Trajectory
 

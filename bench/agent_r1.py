@@ -509,9 +509,9 @@ def rollout_part(args, cfg) -> dict:
 
 
 def si(value: float) -> str:
-    from bench.rollout_throughput import _si
+    import bench.rollout_throughput
 
-    return _si(value)
+    return bench.rollout_throughput.si(value)
 
 
 def rollout_table(r: dict) -> list[str]:

@@ -217,7 +217,7 @@ def is_victim(kind: str, description: str) -> bool:
 
 
 class EnvServer:
-    """`python -m envs.serve` on a fixed port, its own process group; restartable."""
+    """`python -m envs.agentgym.server` on a fixed port, its own process group; restartable."""
 
     def __init__(self, config: Path, port: int, log: Path, env: dict):
         self.config, self.port, self.log, self.env = config, port, log, env
@@ -230,7 +230,7 @@ class EnvServer:
 
         with open(self.log, "a") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "envs.serve", "--config", str(self.config),
+                [sys.executable, "-m", "envs.agentgym.server", "--config", str(self.config),
                  "--port", str(self.port)],
                 cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -499,7 +499,7 @@ def results_markdown(args, reference: list[Attempt], chaos: Campaign,
         f"Command: `{command}`  ",
         f"Machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}  ",
         f"Date: {datetime.now(UTC).isoformat(timespec='seconds')}  ",
-        f"Seed {args.seed}, rounds 0..{args.rounds}, 2 environment servers (`envs.serve`).",
+        f"Seed {args.seed}, rounds 0..{args.rounds}, 2 environment servers (`envs.agentgym.server`).",
         "",
         "| | undisturbed | chaos |",
         "|---|---|---|",

@@ -21,8 +21,8 @@ from pathlib import Path
 from agents.rollout import RolloutSettings, agent_prefix, run_batched
 from bench.scripted import NoisyExpertBackend
 from envs import make_env
-from envs.agentgym import ClientSettings, RemoteEnv
-from envs.serve import LocalServer
+from envs.agentgym.client import ClientSettings, RemoteEnv
+from envs.agentgym.server import LocalServer
 from flywheel.chat import ChatTokenizer
 
 TARGET_OVERHEAD_MS = 2.0

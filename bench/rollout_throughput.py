@@ -405,7 +405,7 @@ def middle_call_prompts(requests: list[Request]) -> list[list[int]]:
 # --- report --------------------------------------------------------------------------------------
 
 
-def _si(value: float) -> str:
+def si(value: float) -> str:
     for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(value) >= scale:
             return f"{value / scale:.1f} {unit}"
@@ -460,9 +460,9 @@ def report(info: dict, sequential: WayResult, batched: WayResult) -> tuple[str, 
         columns = columns[:1]
     rows = {
         f"float32 {MATMUL_SIZE}x{MATMUL_SIZE} matmul FLOP/s": [
-            f"{_si(f)}FLOP/s" for f in flops.values()
+            f"{si(f)}FLOP/s" for f in flops.values()
         ],
-        f"decode bound at {_si(shape.flops_per_token)}FLOPs a token (tokens/s)": [
+        f"decode bound at {si(shape.flops_per_token)}FLOPs a token (tokens/s)": [
             f"{f / shape.flops_per_token:,.0f}" for f in flops.values()
         ],
         "batched generated tokens/s, fraction of the decode bound": [

@@ -1,13 +1,13 @@
-"""Environments behind one interface (`envs.base`)."""
+"""Environments behind one interface (`envs.base`), found by name in a registry
+(`envs.registry`; the built-ins register in `envs.builtins`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import envs.builtins  # noqa: F401 - the built-in environments register themselves
 from envs.base import Environment, ValidationSplit
-
-if TYPE_CHECKING:
-    from flywheel.settings import EnvSettings
+from envs.registry import check_env_settings
+from flywheel.config_files import ConfigError
+from flywheel.settings import EnvSettings
 
 
 def make_env(settings: str | EnvSettings) -> Environment:
@@ -15,47 +15,21 @@ def make_env(settings: str | EnvSettings) -> Environment:
 
     With `servers`, episodes run on those AgentGym-protocol servers instead of in process.
     """
-    from flywheel.settings import EnvSettings
-
     if isinstance(settings, str):
         settings = EnvSettings(name=settings)
-    if not settings.servers:
-        return _local_env(settings)  # agentgym-* without servers is refused by EnvSettings
-    from envs.agentgym import AgentGymEnv, ClientSettings, RemoteEnv
-
-    client = ClientSettings(timeout_s=settings.request_timeout_s)
-    if settings.name.startswith("agentgym-"):
-        return AgentGymEnv(
-            settings.name.removeprefix("agentgym-"),
-            settings.servers,
-            settings.agentgym.train,
-            settings.agentgym.test,
-            client,
+    registration = check_env_settings(settings)
+    env = registration.make(settings)
+    if registration.agentgym_only:  # on AgentGym's servers (EnvSettings refuses none given)
+        return env
+    if not isinstance(env, Environment):
+        raise ConfigError(
+            f"env.name={settings.name!r} made a {type(env).__name__}, not an envs.base.Environment"
         )
-    return RemoteEnv(_local_env(settings), settings.servers, client)
-
-
-def _local_env(settings: EnvSettings) -> Environment:
-    """The environment in this process, holding out the run's validation split."""
-    env = _local_env_of(settings)
     env.validation = ValidationSplit(
         settings.validation_tasks, settings.validation_seed, settings.max_expert_steps
     )
-    return env
+    if not settings.servers:
+        return env
+    from envs.agentgym.client import ClientSettings, RemoteEnv
 
-
-def _local_env_of(settings: EnvSettings) -> Environment:
-    if settings.name == "textcraft":
-        from envs.textcraft import TextCraftEnv
-
-        return TextCraftEnv()
-    if settings.name == "scienceworld":
-        from envs.scienceworld import ScienceWorldEnv
-
-        sw = settings.scienceworld
-        return ScienceWorldEnv(sw.task_names, sw.variations, sw.simplification)
-    if settings.name == "qa":
-        from envs.qa_env import QAEnv
-
-        return QAEnv(settings.qa)
-    raise ValueError(f"unknown environment {settings.name!r}")
+    return RemoteEnv(env, settings.servers, ClientSettings(timeout_s=settings.request_timeout_s))

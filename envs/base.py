@@ -86,7 +86,7 @@ class ValidationSplit:
             if limit is None or len(env.expert_plan(t) or ()) in range(1, limit + 1)
         ]  # fmt: skip
         if self.count > len(eligible):
-            from flywheel.settings import ConfigError
+            from flywheel.config_files import ConfigError
 
             within = f" within env.max_expert_steps={limit}" if limit is not None else ""
             raise ConfigError(

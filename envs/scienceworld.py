@@ -50,7 +50,7 @@ SYSTEM_PROMPT = (
 )
 
 
-class _JVMPool:
+class WorldPool:
     """Idle ScienceWorld processes, started on demand and reused by later episodes. They end
     with this process (the package starts them with `die_on_exit`)."""
 
@@ -78,14 +78,16 @@ class _JVMPool:
             self.give_back(world)
 
 
-_pool = _JVMPool()
+# This process's ScienceWorld processes: its episodes', and those the AgentGym compatibility
+# server (envs/agentgym/compat.py) lends its sessions.
+worlds = WorldPool()
 
 
 class ScienceWorldEpisode(Episode):
     def __init__(self, task_id: str, simplification: str) -> None:
         name, variation = parse_task_id(task_id)
         self.task_id = task_id
-        self._world = _pool.take()
+        self._world = worlds.take()
         try:
             self._world.load(name, variation, simplification)
             self._world.reset()
@@ -114,7 +116,7 @@ class ScienceWorldEpisode(Episode):
             with contextlib.suppress(Exception):
                 self._world.close()
         else:
-            _pool.give_back(self._world)
+            worlds.give_back(self._world)
 
 
 def parse_task_id(task_id: str) -> tuple[str, int]:
@@ -126,7 +128,7 @@ def parse_task_id(task_id: str) -> tuple[str, int]:
 
 @functools.cache
 def _variation_splits(task_name: str) -> dict[str, tuple[int, ...]]:
-    with _pool.borrowed() as world:
+    with worlds.borrowed() as world:
         world.load(task_name, 0, "")
         return {
             "train": tuple(world.get_variations_train()),
@@ -136,7 +138,7 @@ def _variation_splits(task_name: str) -> dict[str, tuple[int, ...]]:
 
 @functools.cache
 def task_names() -> tuple[str, ...]:
-    with _pool.borrowed() as world:
+    with worlds.borrowed() as world:
         return tuple(world.get_task_names())
 
 
@@ -207,7 +209,7 @@ class ScienceWorldEnv(Environment):
 
     def _generate_gold(self, task_id: str) -> list[str]:
         name, variation = parse_task_id(task_id)
-        with _pool.borrowed() as world:
+        with worlds.borrowed() as world:
             world.load(name, variation, self.simplification, generateGoldPath=True)
             actions = list(world.get_gold_action_sequence())
         if actions and actions[0].startswith("ERROR"):

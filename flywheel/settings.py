@@ -22,17 +22,6 @@ from pydantic import (
     model_validator,
 )
 
-# envs/ imports these two from here (`envs/base.py`, `envs/serve.py`); they live in config_files.
-from flywheel.config_files import ConfigError, load_config_section  # noqa: F401
-
-ENVIRONMENTS = (
-    "textcraft",
-    "scienceworld",
-    "agentgym-textcraft",
-    "agentgym-sciworld",
-    "agentgym-webshop",
-    "qa",
-)
 BUILTIN_MODELS = ("smollm2-135m", "tiny")
 
 
@@ -193,15 +182,20 @@ class QASettings(Strict):
         return self
 
 
-# Environments whose train tasks a validation split is carved from (`envs.base.ValidationSplit`).
-VALIDATION_ENVIRONMENTS = ("textcraft", "scienceworld", "qa")
+# The name form of environments that run only on AgentGym's own servers (`agentgym-webshop`):
+# they publish no split, so a run names index ranges (`env.agentgym`) and carves no validation.
+AGENTGYM_PREFIX = "agentgym-"
 
 
 class EnvSettings(Strict):
     """Which environment and how many of its tasks a run uses (None = all of the split)."""
 
-    # One of textcraft, scienceworld, agentgym-textcraft, agentgym-sciworld, agentgym-webshop, qa.
-    name: str = "textcraft"
+    # A registered environment: textcraft, scienceworld, qa, agentgym-textcraft,
+    # agentgym-sciworld, agentgym-webshop, or one a package registers under the entry-point
+    # group `flywheel.environments`; or a factory named `package.module:Factory`. The name is
+    # checked against the registry (`envs.registry`, docs/architecture.md) when the config is
+    # loaded by a recipe and whenever the environment is made: the core knows no environment.
+    name: str = Field(default="textcraft", min_length=1)
     # Train tasks used (None = all of the split).
     train_tasks: int | None = Field(default=None, ge=1)
     # Test tasks evaluated on (None = all of the split).
@@ -234,13 +228,9 @@ class EnvSettings(Strict):
     scienceworld: ScienceWorldSettings = Field(default_factory=ScienceWorldSettings)
     agentgym: AgentGymTasks = Field(default_factory=AgentGymTasks)
     qa: QASettings = Field(default_factory=QASettings)
-
-    @field_validator("name")
-    @classmethod
-    def _known(cls, value: str) -> str:
-        if value not in ENVIRONMENTS:
-            raise ValueError(f"unknown environment {value!r}; choose one of {ENVIRONMENTS}")
-        return value
+    # A plugin environment's own settings, validated by its settings model (`envs.registry`):
+    # `env.options.size=3`. The built-ins keep theirs in the sections above.
+    options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("servers")
     @classmethod
@@ -257,25 +247,27 @@ class EnvSettings(Strict):
         identity: dict = {"name": self.name}
         if self.name == "scienceworld":
             identity["scienceworld"] = self.scienceworld.model_dump()
-        if self.name.startswith("agentgym-"):
+        if self.name.startswith(AGENTGYM_PREFIX):
             identity["agentgym"] = self.agentgym.model_dump()
         if self.name == "qa":  # file paths, not contents: a changed file needs a new path
             identity["qa"] = self.qa.model_dump()
+        if self.options:  # as given: spelling out a default changes the key, as anywhere
+            identity["options"] = self.options
         return identity
 
     @model_validator(mode="after")
     def _validation_where_carved(self) -> EnvSettings:
-        if self.validation_tasks and self.name not in VALIDATION_ENVIRONMENTS:
+        if self.validation_tasks and self.name.startswith(AGENTGYM_PREFIX):
             raise ValueError(
-                f"env.validation_tasks: env {self.name!r} has no validation split; use one of "
-                f"{VALIDATION_ENVIRONMENTS}, or set env.agentgym.train and env.agentgym.test "
-                "to leave tasks out"
+                f"env.validation_tasks: env {self.name!r} has no validation split (AgentGym's "
+                "servers publish none); set env.agentgym.train and env.agentgym.test to leave "
+                "tasks out"
             )
         return self
 
     @model_validator(mode="after")
     def _agentgym_needs_servers(self) -> EnvSettings:
-        if self.name.startswith("agentgym-"):
+        if self.name.startswith(AGENTGYM_PREFIX):
             if not self.servers:
                 raise ValueError(f"env {self.name!r} runs on AgentGym servers: set env.servers")
             if self.agentgym.train == (0, 0) and self.agentgym.test == (0, 0):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 FLOWS = Path(__file__).resolve().parent.parent / "flows"
 TOOLS = {
-    "serve-env": ("envs.serve", "serve an environment over AgentGym's HTTP protocol"),
+    "serve-env": ("envs.agentgym.server", "serve an environment over AgentGym's HTTP protocol"),
     "services": ("ops.services", "start Prefect's server (UI) and MLflow's server locally"),
     "status": ("ops.status", "each stage of a run: cached, would re-run (why) or never run"),
 }

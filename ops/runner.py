@@ -443,8 +443,17 @@ def recipe_config(config_class, config: dict | None, config_file: str | None, ov
     from flywheel.config_files import load_config, validate_config
 
     if config is not None:
-        return validate_config(config_class, config)
-    return load_config(config_class, config_file, overrides or [])
+        return checked_environment(validate_config(config_class, config))
+    return checked_environment(load_config(config_class, config_file, overrides or []))
+
+
+def checked_environment(cfg):
+    """`cfg`, once its environment's name resolves and its options fit the environment's own
+    settings model: the core validates neither (it knows no environment, envs/registry.py)."""
+    from envs.registry import check_env_settings
+
+    check_env_settings(cfg.env)
+    return cfg
 
 
 def cli_main(
@@ -489,7 +498,7 @@ def cli_main(
     if campaign:
         flow_function = campaign_flow
     try:
-        cfg = load_config(config_class, args.config, args.overrides)
+        cfg = checked_environment(load_config(config_class, args.config, args.overrides))
         if args.break_lock:
             cfg.break_lock = True
         if args.print_config:

@@ -89,7 +89,7 @@ def textcraft():
 @pytest.fixture(scope="module")
 def server():
     """A Flywheel TextCraft environment server on loopback (its own process), one per module."""
-    from envs.serve import LocalServer
+    from envs.agentgym.server import LocalServer
 
     server = LocalServer("--env", "textcraft")
     yield server

@@ -1,5 +1,5 @@
 """AgentGym's protocol over real HTTP on loopback: Flywheel's client against Flywheel's server
-(real `python -m envs.serve` processes), servers killed and restarted for real, and answers no
+(real `python -m envs.agentgym.server` processes), servers killed and restarted for real, and answers no
 real server gives (garbage, silence) from a small fake, the one fault we cannot cause otherwise."""
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from scripted_policy import NoisyExpertBackend
 from agents.episode_metrics import ending_counts
 from agents.rollout import RolloutSettings, agent_prefix, run_batched
 from envs import make_env
-from envs.agentgym import (
-    DIALECTS,
+from envs.agentgym.client import (
     AgentGymError,
     ClientSettings,
     LostEpisode,
@@ -28,7 +27,8 @@ from envs.agentgym import (
     ServerUnavailable,
     served_task_ids,
 )
-from envs.serve import LocalServer
+from envs.agentgym.dialects import DIALECTS
+from envs.agentgym.server import LocalServer
 from flywheel.config_files import ConfigError
 from flywheel.settings import EnvSettings
 from tasks.episodes import EpisodesLost, raise_if_lost
@@ -307,7 +307,7 @@ def test_malformed_step_answers_name_the_server_and_what_came_back(status, body,
 
 
 def _episode(pool):
-    from envs.agentgym import RemoteEpisode
+    from envs.agentgym.client import RemoteEpisode
 
     episode = RemoteEpisode(pool, "t", 0)  # create + reset
     return episode.step("inventory")
@@ -434,9 +434,9 @@ def test_a_gateway_without_its_server_counts_as_unavailable_not_as_an_answer():
 
 
 def test_sessions_a_client_abandoned_are_closed_after_their_ttl(textcraft):
-    from envs.serve import EnvService
+    from envs.agentgym.server import EnvService
 
-    service = EnvService(textcraft, "textcraft", session_ttl_s=0.05)
+    service = EnvService(textcraft, DIALECTS["textcraft"], session_ttl_s=0.05)
     abandoned = service.create({})["id"]
     service.reset({"id": abandoned, "data_idx": 0})
     episode = service._sessions[abandoned].episode

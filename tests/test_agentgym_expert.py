@@ -21,7 +21,7 @@ from agents.rollout import (
     run_batched,
 )
 from envs import make_env
-from envs.agentgym_expert import (
+from envs.agentgym.expert import (
     PROMPT_ACKNOWLEDGEMENT,
     SCIWORLD_PROMPT,
     TEXTCRAFT_PROMPT,
@@ -30,7 +30,7 @@ from envs.agentgym_expert import (
     textcraft_goal,
     textcraft_plan,
 )
-from envs.serve import LocalServer
+from envs.agentgym.server import LocalServer
 from flows.eto import ETOConfig
 from flywheel.chat import format_reply
 from flywheel.inference import Generation

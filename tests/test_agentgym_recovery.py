@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from json_server import ScriptedJSONServer
 
-from envs.agentgym import (
-    DIALECTS,
+from envs.agentgym.client import (
     AgentGymError,
     ClientSettings,
     RemoteEpisode,
     ServerPool,
     ServerUnavailable,
 )
+from envs.agentgym.dialects import DIALECTS
 
 FAST = ClientSettings(timeout_s=2.0, connect_timeout_s=0.5, retries=0, backoff_s=0.01)
 
@@ -138,7 +138,7 @@ def test_a_replay_onto_a_server_with_another_hash_seed_says_how_to_pin_it(fakes)
 
 
 def compat_server(monkeypatch, hash_seed: str):
-    from envs.serve import LocalServer
+    from envs.agentgym.server import LocalServer
 
     monkeypatch.setenv("PYTHONHASHSEED", hash_seed)  # the child process inherits it
     return LocalServer("--env", "textcraft", "--compat", "agentgym")

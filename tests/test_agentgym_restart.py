@@ -28,15 +28,15 @@ from json_server import ScriptedJSONServer
 from starlette.testclient import TestClient
 
 from envs import make_env
-from envs.agentgym import (
-    DIALECTS,
+from envs.agentgym.client import (
     AgentGymEnv,
     ClientSettings,
     RemoteEnv,
     RemoteEpisode,
     ServerPool,
 )
-from envs.serve import LocalServer, create_app
+from envs.agentgym.dialects import DIALECTS
+from envs.agentgym.server import LocalServer, create_app
 
 FAST = ClientSettings(timeout_s=10.0, connect_timeout_s=0.5, retries=1, backoff_s=0.05)
 AGENTGYM_DIR = os.environ.get("FLYWHEEL_AGENTGYM_DIR")

@@ -1,6 +1,6 @@
 """`eto` on ScienceWorld with the tiny model, its episodes played on a Flywheel environment server.
 
-Real ScienceWorld (Java), a real `python -m envs.serve` process, real vLLM (CPU), real trl, real
+Real ScienceWorld (Java), a real `python -m envs.agentgym.server` process, real vLLM (CPU), real trl, real
 Prefect. The expert is ScienceWorld's own gold path; the tiny model solves nothing, so what is
 checked is that every stage runs on the new environment and what it stores.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from envs.serve import LocalServer
+from envs.agentgym.server import LocalServer
 from flows.eto import eto
 from flywheel.inference import release_vllm
 from flywheel.records import Trajectory

@@ -22,7 +22,9 @@ LAYERS = [
     ["tasks"],  # stages
     ["ops"],  # how recipes run: driver, runner, campaigns, locks, services, cli
     ["flows"],  # recipes
-    ["bench"],  # benchmarks and measurements: may import any package; nothing imports them
+    # Benchmarks and measurements; examples of what users write (an environment plugin): each
+    # may import any package below, and nothing imports them.
+    ["bench", "examples"],
 ]
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
 
@@ -108,10 +110,36 @@ def test_every_package_is_on_a_layer():
         ({"flows.eto": "from tasks.sft import sft_stage\nimport flywheel.stage\n"}, 0),
         ({"ops.cli": "def f():\n    from bench.sizing import H100\n"}, 1),  # nothing imports bench
         ({"bench.gpu_checklist": "import bench.sizing\nfrom flows.eto import ETO\n"}, 0),
+        ({"examples.counter_env": "from envs.base import Environment\n"}, 0),
+        ({"envs.registry": "def f():\n    import examples.counter_env\n"}, 1),
     ],
 )
 def test_the_check_sees_upward_and_sideways_imports(sources, expected):
     assert len(upward_imports(sources)) == expected
+
+
+def private_imports(sources: dict[str, str]) -> list[str]:
+    """`from a.b import _name` where a.b is another project module: a reach into its
+    insides, which it may change without telling anyone."""
+    problems = []
+    for module, source in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+                continue
+            if node.module.split(".")[0] not in RANK or node.module == module:
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_")]
+            problems += [f"{module}:{node.lineno} imports {node.module}.{n}" for n in private]
+    return problems
+
+
+def test_no_module_imports_another_modules_private_names():
+    assert private_imports(project_sources()) == []
+
+
+def test_the_check_sees_a_private_import():
+    sources = {"envs.a": "def f():\n    from envs.b import _pool, pool\n"}
+    assert private_imports(sources) == ["envs.a:2 imports envs.b._pool"]
 
 
 def test_the_check_sees_a_cycle():
@@ -125,8 +153,9 @@ def test_the_code_version_sees_every_package_and_no_stage_runs_ops_or_flows():
     flows/, so a change there re-runs nothing."""
     from flywheel.code_version import PROJECT_PACKAGES, closure
 
-    # bench/ is no stage's code: nothing below it may import it, so no closure reaches it.
-    assert set(PROJECT_PACKAGES) == set(RANK) - {"bench"}
+    # bench/ and examples/ are no stage's code: nothing below them may import them, so no
+    # closure reaches them.
+    assert set(PROJECT_PACKAGES) == set(RANK) - {"bench", "examples"}
     stage_modules = tuple(f"tasks.{p.stem}" for p in (ROOT / "tasks").glob("*.py"))
     reached = {m.split(".")[0] for m in closure(stage_modules)}
     assert reached <= {p for p, rank in RANK.items() if rank < RANK["ops"]}

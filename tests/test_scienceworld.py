@@ -6,9 +6,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from envs.agentgym import ClientSettings, RemoteEnv, served_task_ids
+from envs.agentgym.client import ClientSettings, RemoteEnv
+from envs.agentgym.protocol import served_task_ids
+from envs.agentgym.server import LocalServer
 from envs.scienceworld import ScienceWorldEnv, parse_task_id
-from envs.serve import LocalServer
 
 TASK = "lifespan-longest-lived"  # gold paths of 6 steps
 

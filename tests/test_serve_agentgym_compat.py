@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from envs import make_env
-from envs.serve import LocalServer, create_app, main
+from envs.agentgym.server import LocalServer, create_app, main
 
 DATA = Path(__file__).parent / "data" / "agentgym"
 # The recorder names AgentGym's session ids; replays name ours with the same function.
@@ -224,7 +224,7 @@ def test_serve_env_compat_flag_starts_and_refuses_what_it_cannot_serve(textcraft
 
 
 def test_flywheels_own_clients_refuse_a_compat_server(textcraft_server):
-    from envs.agentgym import RemoteEnv
+    from envs.agentgym.client import RemoteEnv
 
     with pytest.raises(ValueError, match="serves"):
         RemoteEnv(make_env("textcraft"), [textcraft_server.url]).check()
@@ -268,7 +268,7 @@ def recipes_folder_with(tmp_path: Path) -> Path:
 def test_directory_listing_numbers_goals_in_the_folders_own_order(tmp_path, monkeypatch):
     """AgentGym's goals are sorted by depth, stably: goals of equal depth keep the order their
     files were read in, and of a cycle the file read first keeps its recipe."""
-    from envs.agentgym_compat import CompatOptions, agentgym_textcraft
+    from envs.agentgym.compat import CompatOptions, agentgym_textcraft
 
     checkout = str(recipes_folder_with(tmp_path))
     by_name = agentgym_textcraft(CompatOptions(checkout, "name"))
@@ -300,7 +300,7 @@ def test_directory_listing_numbers_tasks_as_agentgyms_own_server_on_this_machine
     import httpx
     from test_agentgym_restart import AgentGymTextCraftServer
 
-    from envs.agentgym import AgentGymEnv
+    from envs.agentgym.client import AgentGymEnv
 
     checkout = Path(os.environ["FLYWHEEL_AGENTGYM_DIR"])
     recipes = checkout / "agentenv-textcraft" / "agentenv_textcraft"
@@ -380,8 +380,8 @@ SCIWORLD_TASK = "lifespan-longest-lived/2"  # a 4-step gold path
 @pytest.mark.slow
 def test_a_sciworld_compat_server_process_plays_an_episode_for_flywheels_own_client():
     """`flywheel serve-env --env scienceworld --compat agentgym` in its own process, driven through
-    `envs.agentgym` (agentgym-sciworld): reset to a data_idx, the task's gold path to score 100."""
-    from envs.agentgym_expert import sciworld_plan
+    `envs.agentgym.client` (agentgym-sciworld): reset to a data_idx, the task's gold path to score 100."""
+    from envs.agentgym.expert import sciworld_plan
     from flywheel.settings import EnvSettings
 
     started = time.monotonic()

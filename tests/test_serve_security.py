@@ -1,6 +1,6 @@
 """`flywheel serve-env` against clients that are careless or hostile: session ids nobody can
 guess, the bearer token, bad requests answered with their HTTP status and their exact message,
-bounded body size and nesting. Real `python -m envs.serve` processes on loopback, as in
+bounded body size and nesting. Real `python -m envs.agentgym.server` processes on loopback, as in
 tests/test_agentgym.py; Starlette's TestClient where only the app's logic is under test."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from envs import make_env
-from envs.agentgym import TOKEN_ENV, AgentGymError, RemoteEnv
-from envs.serve import MAX_BODY_BYTES, MAX_JSON_DEPTH, LocalServer, create_app
+from envs.agentgym.client import TOKEN_ENV, AgentGymError, RemoteEnv
+from envs.agentgym.server import MAX_BODY_BYTES, MAX_JSON_DEPTH, LocalServer, create_app
 from flywheel.settings import EnvSettings
 
 TOKEN = "correct horse battery staple"

@@ -107,7 +107,6 @@ def test_overrides_parse_values_into_nested_fields(tmp_path):
 @pytest.mark.parametrize(
     "override, field",
     [
-        ("env.name=webshopx", "env.name"),
         ("model.base=/no/such/model", "model.base"),
         ("rounds=-1", "rounds"),
         ("dpo.bta=0.1", "dpo.bta"),

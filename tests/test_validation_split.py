@@ -143,7 +143,7 @@ def test_a_recipe_evaluates_on_the_split_its_settings_name_and_trains_apart_from
 
 
 def test_environment_servers_still_serve_every_task_with_a_validation_split():
-    from envs.agentgym import served_task_ids
+    from envs.agentgym.protocol import served_task_ids
 
     plain = served_task_ids(make_env("textcraft"))
     held = make_env(EnvSettings(name="textcraft", validation_tasks=5))

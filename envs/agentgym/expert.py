@@ -87,7 +87,6 @@ def _sciworld_prompt() -> str:
 
 
 SCIWORLD_PROMPT = _sciworld_prompt()
-TASK_PROMPTS = {"textcraft": TEXTCRAFT_PROMPT, "sciworld": SCIWORLD_PROMPT}
 # The assistant turn AgentGym's TextCraft and SciWorld clients put after their task prompt.
 PROMPT_ACKNOWLEDGEMENT = "OK. I'll follow your instructions and try my best to solve the task."
 # AgentGym's SciWorld server loads every task without simplifications.

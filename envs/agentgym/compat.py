@@ -66,6 +66,10 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from envs.agentgym.dialects.sciworld import SCIWORLD
+from envs.agentgym.dialects.textcraft import TEXTCRAFT
+from envs.agentgym.protocol import Dialect
+
 COMPAT_MODES = ("agentgym",)
 
 # AgentGym's TextCraft goals: items of recipe depth at least 1 (Flywheel's own tasks need 2).
@@ -75,7 +79,7 @@ MAX_DISTRACTORS = 10  # decoy recipes shown at most
 USES_PER_INGREDIENT = 10  # decoys drawn per ingredient at most
 # agentenv_sciworld/environment.py, SciWorldEnv.__init__: task keys AgentGym leaves out.
 SCIWORLD_EXCEPTIONS = frozenset({"5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2"})
-SESSION_ID_BITS = 53  # as envs.serve's: random, exact in every JSON parser
+SESSION_ID_BITS = 53  # as envs.agentgym.server's: random, exact in every JSON parser
 
 
 class HTTPReply(Exception):
@@ -421,7 +425,7 @@ class _AgentGymService:
     and `/tasks`, the session table, and queries that answer for a checked id."""
 
     hello_text = ""
-    dialect = ""
+    dialect: Dialect  # the family whose server this one answers as
 
     def __init__(
         self, env, tasks: list[str], session_ttl_s: float, sequential_ids: bool = False
@@ -430,9 +434,9 @@ class _AgentGymService:
         self.sessions = _Sessions(session_ttl_s, sequential_ids)
 
     def info(self) -> dict:
-        from envs.agentgym import tasks_digest
+        from envs.agentgym.protocol import tasks_digest
 
-        return {"env": self.env.name, "dialect": self.dialect, "compat": "agentgym",
+        return {"env": self.env.name, "dialect": self.dialect.name, "compat": "agentgym",
                 "tasks": len(self.tasks), "tasks_sha1": tasks_digest(self.tasks)}  # fmt: skip
 
     def common_routes(self) -> list[tuple[str, str, Any, str | None]]:
@@ -461,7 +465,7 @@ class AgentGymTextCraftService(_AgentGymService):
     """agentenv_textcraft's `TextCraft_Wrapper` and FastAPI routes over Flywheel's game."""
 
     hello_text = "This is environment TextCraft."
-    dialect = "textcraft"
+    dialect = TEXTCRAFT
 
     def __init__(
         self,
@@ -553,9 +557,9 @@ class AgentGymTextCraftService(_AgentGymService):
 @functools.cache
 def sciworld_games() -> tuple[tuple[str, int], ...]:
     """AgentGym's SciWorld `data_idx` list, `(task name, variation)` (environment.py, __init__)."""
-    from envs.scienceworld import _pool
+    from envs.scienceworld import worlds
 
-    with _pool.borrowed() as world:
+    with worlds.borrowed() as world:
         return tuple(
             (name, variation)
             for key, name in world.tasks.items()
@@ -574,9 +578,9 @@ class _SciWorldGame:
 
     def take(self):
         if self.world is None:
-            from envs.scienceworld import _pool
+            from envs.scienceworld import worlds
 
-            self.world = _pool.take()
+            self.world = worlds.take()
         return self.world
 
     def call(self, method: str, *args):
@@ -592,22 +596,32 @@ class _SciWorldGame:
         world, self.world = self.world, None
         if world is None:
             return
-        from envs.scienceworld import _pool
+        from envs.scienceworld import worlds
 
         if self.broken:
             with contextlib.suppress(Exception):
                 world.close()
         else:
-            _pool.give_back(world)
+            worlds.give_back(world)
 
 
 class AgentGymSciWorldService(_AgentGymService):
     """agentenv_sciworld's `SciWorldEnv` and FastAPI routes over Flywheel's ScienceWorld pool."""
 
     hello_text = "This is environment ScienceWorld."
-    dialect = "sciworld"
+    dialect = SCIWORLD
 
-    def __init__(self, env, session_ttl_s: float = 3600, sequential_ids: bool = False) -> None:
+    def __init__(
+        self,
+        env,
+        session_ttl_s: float = 3600,
+        sequential_ids: bool = False,
+        options: CompatOptions = CompatOptions(),  # noqa: B008 (frozen)
+    ) -> None:
+        if options != CompatOptions():
+            raise ValueError(
+                "--recipes and --recipe-listing are TextCraft's; SciWorld has no such files"
+            )
         self.games = list(sciworld_games())
         tasks = [f"{name}/{variation}" for name, variation in self.games]
         super().__init__(env, tasks, session_ttl_s, sequential_ids)
@@ -711,32 +725,28 @@ class AgentGymSciWorldService(_AgentGymService):
         return True
 
 
+# The AgentGym servers answered as they answer, one for each family the project plays itself.
+EMULATED = (AgentGymTextCraftService, AgentGymSciWorldService)
+
+
 def compat_service(
     compat: str,
     env,
-    dialect: str,
+    dialect: Dialect,
     session_ttl_s: float,
     sequential_ids: bool = False,
     options: CompatOptions = CompatOptions(),  # noqa: B008 (frozen)
 ):
-    """The service that answers as `compat`'s servers do for `dialect`."""
+    """The service that answers as `compat`'s servers do for `dialect`, over `env`."""
     if compat != "agentgym":
         raise ValueError(f"unknown compatibility mode {compat!r}; expected one of {COMPAT_MODES}")
-    services = {"textcraft": AgentGymTextCraftService, "sciworld": AgentGymSciWorldService}
-    expected = {"textcraft": "textcraft", "sciworld": "scienceworld"}
-    if dialect not in services:
+    service = next((s for s in EMULATED if s.dialect is dialect), None)
+    if service is None:
+        spoken = " and ".join(s.dialect.name for s in EMULATED)
+        raise ValueError(f"--compat agentgym speaks the {spoken} dialects, not {dialect.name!r}")
+    if env.name != dialect.served_env:
         raise ValueError(
-            f"--compat agentgym speaks the textcraft and sciworld dialects, not {dialect!r}"
+            f"--compat agentgym serves AgentGym's {dialect.name} tasks, which need the "
+            f"{dialect.served_env} environment, not {env.name}"
         )
-    if env.name != expected[dialect]:
-        raise ValueError(
-            f"--compat agentgym serves AgentGym's {dialect} tasks, which need the "
-            f"{expected[dialect]} environment, not {env.name}"
-        )
-    if dialect == "textcraft":
-        return AgentGymTextCraftService(env, session_ttl_s, sequential_ids, options)
-    if options != CompatOptions():
-        raise ValueError(
-            "--recipes and --recipe-listing are TextCraft's; SciWorld has no such files"
-        )
-    return AgentGymSciWorldService(env, session_ttl_s, sequential_ids)
+    return service(env, session_ttl_s, sequential_ids, options)

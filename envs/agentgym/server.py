@@ -1,13 +1,13 @@
 """Serve a Flywheel environment over AgentGym's HTTP protocol.
 
-    python -m envs.serve --env textcraft --port 36001
-    python -m envs.serve --config configs/eto_scienceworld.yaml --port 36002
+    python -m envs.agentgym.server --env textcraft --port 36001
+    python -m envs.agentgym.server --config configs/eto_scienceworld.yaml --port 36002
 
 AgentGym's own clients can use it (TextCraft and SciWorld servers' fields; `--dialect webshop`
 speaks WebShop's), and so can Flywheel's (`env.servers` in a recipe config). `data_idx` indexes
 the environment's train tasks followed by its test tasks. With `--compat agentgym` it answers as
 AgentGym's own TextCraft and SciWorld servers do instead, key for key: their task numbering,
-texts, errors (HTTP 200) and HTTP 422s (envs/agentgym_compat.py), and Flywheel's own clients
+texts, errors (HTTP 200) and HTTP 422s (envs/agentgym/compat.py), and Flywheel's own clients
 refuse it; TextCraft's numbering is AgentGym's for recipe files read in name order, or, with
 `--recipe-listing directory`, in the folder's own order as AgentGym reads them (index for index
 with AgentGym's server on the same machine and files: docs/agentgym.md). What follows is the
@@ -41,15 +41,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.agentgym import (
-    DIALECTS,
-    TOKEN_ENV,
-    UNKNOWN_ID,
-    dialect_of,
-    served_task_ids,
-    tasks_digest,
-)
-from envs.agentgym_compat import COMPAT_MODES, LISTINGS, CompatOptions, HTTPReply
+from envs.agentgym.client import TOKEN_ENV, UNKNOWN_ID
+from envs.agentgym.compat import COMPAT_MODES, LISTINGS, CompatOptions, HTTPReply
+from envs.agentgym.dialects import DIALECTS, dialect_serving
+from envs.agentgym.protocol import Dialect, served_task_ids, tasks_digest
 from envs.base import Environment, Episode
 
 # The default `--max-body-bytes`: a batched step of 256 episodes is ~20 KiB.
@@ -85,7 +80,7 @@ class EnvService:
     def __init__(
         self,
         env: Environment,
-        dialect: str,
+        dialect: Dialect,
         session_ttl_s: float = 3600,
         sequential_ids: bool = False,
     ) -> None:
@@ -93,7 +88,7 @@ class EnvService:
         # A client that lost track of a session (it timed out and moved the episode elsewhere)
         # never closes it: sessions idle this long are closed when the next one is created.
         self.session_ttl_s = session_ttl_s
-        self.dialect = DIALECTS[dialect]
+        self.dialect = dialect
         self.tasks = served_task_ids(env)
         self.digest = tasks_digest(self.tasks)
         self._sessions: dict[int, _Session] = {}
@@ -138,11 +133,7 @@ class EnvService:
             expired = [self._sessions.pop(i) for i in idle]
         for session in expired:
             session.end_episode()
-        if self.dialect.name == "webshop":
-            return env_id
-        if self.dialect.name == "sciworld":
-            return {"id": env_id}
-        return {"id": env_id, "observation": "", "done": False, "reward": 0}
+        return self.dialect.create_answer(env_id)
 
     def _unused_session_id(self) -> int:
         if self._next_ids is not None:
@@ -170,19 +161,7 @@ class EnvService:
                 0.0,
                 False,
             )
-        return self._reset_answer(env_id, index, session.observation)
-
-    def _reset_answer(self, env_id: int, index: int, instruction: str) -> Any:
-        if self.dialect.name == "webshop":
-            return [instruction, None]
-        if self.dialect.name == "sciworld":
-            description, _, observation = instruction.partition("\n")
-            return {
-                "task_name": self.tasks[index], "var_num": index, "task_description": description,
-                "observation": observation, "reward": 0, "score": 0, "deleted": False,
-                "done": False,
-            }  # fmt: skip
-        return {"id": env_id, "observation": instruction, "done": False, "reward": 0}
+        return self.dialect.reset_answer(env_id, self.tasks[index], index, session.observation)
 
     def step(self, body: dict) -> dict:
         env_id, session = self._session(body)
@@ -197,13 +176,7 @@ class EnvService:
             result = session.episode.step(action)
             session.observation, session.done = result.observation, result.done
             session.score += result.reward
-        if self.dialect.name == "webshop":
-            return {"state": result.observation, "reward": result.reward, "done": result.done,
-                    "info": None}  # fmt: skip
-        answer = {"observation": result.observation, "reward": result.reward, "done": result.done}
-        if self.dialect.name == "sciworld":
-            answer["score"] = session.score
-        return answer
+        return self.dialect.step_answer(result, session.score)
 
     def step_many(self, body: dict) -> dict:
         """Flywheel's extension: many sessions' `/step` bodies in one request (a lockstep rollout
@@ -279,18 +252,18 @@ def create_app(
     """The service as an ASGI app (Starlette: the protocol is small enough that FastAPI's request
     validation would only add latency; bodies are checked by the service). With `token`, every
     request but `GET /` needs `Authorization: Bearer <token>`. With `compat="agentgym"` it
-    answers as AgentGym's own servers do (envs/agentgym_compat.py), with `compat_options`. With
+    answers as AgentGym's own servers do (envs/agentgym/compat.py), with `compat_options`. With
     `sequential_ids` sessions are numbered 0, 1, 2, ... from the start, as AgentGym's are."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.routing import Route
 
-    dialect = dialect or dialect_of(env.name)
+    dialect = DIALECTS[dialect] if dialect else dialect_serving(env.name)
     if compat is None:
         service = EnvService(env, dialect, session_ttl_s, sequential_ids)
         parse_body = _parse_body
     else:
-        from envs.agentgym_compat import compat_service, parse_json_body
+        from envs.agentgym.compat import compat_service, parse_json_body
 
         options = compat_options or CompatOptions()
         service = compat_service(compat, env, dialect, session_ttl_s, sequential_ids, options)
@@ -433,7 +406,7 @@ def _answer(call, *args) -> tuple[int, Any]:
 
 
 class LocalServer:
-    """`python -m envs.serve ARGS` as a child process on a loopback port (a free one unless
+    """`python -m envs.agentgym.server ARGS` as a child process on a loopback port (a free one unless
     given), ready when constructed: for benchmarks, tests and single-machine fan-out.
 
     Ready means `GET /` answers, which the server does only once its environment is built: for
@@ -454,7 +427,7 @@ class LocalServer:
         self.ready_timeout_s = ready_timeout_s
         self.ready_after_s: float | None = None  # how long it took to answer, once it has
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "envs.serve", *args, "--port", str(port)],
+            [sys.executable, "-m", "envs.agentgym.server", *args, "--port", str(port)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -518,7 +491,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--compat",
         choices=COMPAT_MODES,
         help="answer as AgentGym's own TextCraft and SciWorld servers do: their task numbering, "
-        "texts, errors and HTTP 422s (envs/agentgym_compat.py; default: Flywheel's numbering). "
+        "texts, errors and HTTP 422s (envs/agentgym/compat.py; default: Flywheel's numbering). "
         "TextCraft's texts then depend on the hash seed, as AgentGym's do: start with "
         "PYTHONHASHSEED=0 (the AgentGym server too) for texts that match",
     )
@@ -580,17 +553,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
-SERVABLE = ("textcraft", "scienceworld")
+SERVABLE = ("textcraft", "scienceworld")  # by name alone (`--env`); a config may name a plugin
 
 
 def env_settings(args: argparse.Namespace):
     """The environment to serve: a config's `env` section (without its servers), or a name."""
-    from flywheel.settings import ConfigError, EnvSettings, load_config_section
+    from envs.registry import check_env_settings
+    from flywheel.config_files import ConfigError, load_config_section
+    from flywheel.settings import EnvSettings
 
     if not args.config:
         return EnvSettings(name=args.env)
     settings = load_config_section(EnvSettings, args.config, "env")
-    if settings.name not in SERVABLE:
+    if not check_env_settings(settings).servable:
         raise ConfigError(f"{args.config}: env.name {settings.name!r} cannot be served here")
     return settings.model_copy(update={"servers": []})
 
@@ -599,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from envs import make_env
-    from flywheel.settings import ConfigError
+    from flywheel.config_files import ConfigError
 
     args = parse_args(argv)
     try:
@@ -629,11 +604,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    service = app.state.service
-    info = service.info()
+    info = app.state.service.info()
+    dialect = DIALECTS[info["dialect"]]
     mode = f", answering as {args.compat}'s servers" if args.compat else ""
-    if args.compat and info["dialect"] == "textcraft":
-        mode += f", recipe files listed by {args.recipe_listing}"
+    if args.compat:
+        mode += dialect.compat_mode(compat_options(args))
     if args.sequential_ids:
         mode += ", sequential session ids"
     print(
@@ -641,14 +616,8 @@ def main(argv: list[str] | None = None) -> int:
         f"on http://{args.host}:{args.port}, {'with' if token else 'without'} a bearer token",
         flush=True,
     )
-    if args.compat and info["dialect"] == "textcraft" and not os.environ.get("PYTHONHASHSEED"):
-        print(
-            "note: TextCraft's texts depend on this process's hash seed, as AgentGym's server's "
-            "do; start both with the same PYTHONHASHSEED (e.g. PYTHONHASHSEED=0) to get the same "
-            "texts, and every server a client moves episodes between",
-            file=sys.stderr,
-            flush=True,
-        )
+    if args.compat and dialect.compat_note and not os.environ.get("PYTHONHASHSEED"):
+        print(dialect.compat_note, file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
 

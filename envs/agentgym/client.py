@@ -1,15 +1,7 @@
 """Episodes on environment servers that speak AgentGym's HTTP protocol.
 
-AgentGym's servers (`/create`, `/reset`, `/step`, `/observation`, `/close`) differ per environment;
-a `Dialect` holds one server family's field names:
-
-- TextCraft: id field `id`; `/create` answers `{"id", "observation", ...}`; `/reset` takes
-  `data_idx`; `/step` answers `{"observation", "reward", "done"}`, reward 0 or 1.
-- SciWorld: id field `id`; `/create` answers `{"id"}`; the first observation is the reset answer's
-  `task_description` + newline + `observation`; `/step` answers a cumulative `score` (0-100, -100
-  on failure), turned here into per-step rewards (score differences).
-- WebShop: id field `env_idx`; `/create` answers a bare int; `/reset` takes `session_id` and answers
-  `[observation, null]`; `/step` answers `{"state", "reward", "done", "info"}`, reward in [0, 1].
+AgentGym's servers (`/create`, `/reset`, `/step`, `/observation`, `/close`) differ per
+environment; each family's rules are one `Dialect` (envs/agentgym/dialects/).
 
 Errors: AgentGym servers answer many errors as HTTP 200 with an `error` field (Flywheel's with a
 4xx or 5xx status and the same field); those, other HTTP statuses and answers that are not the
@@ -37,7 +29,6 @@ that numbers its sessions cannot tell each other's sessions apart after a restar
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import threading
@@ -48,23 +39,10 @@ from typing import Any
 
 import httpx
 
-from envs.agentgym_expert import (
-    PROMPT_ACKNOWLEDGEMENT,
-    TASK_PROMPTS,
-    sciworld_plan,
-    textcraft_goal,
-    textcraft_mistakes,
-    textcraft_plan,
-)
+from envs.agentgym.dialects import DIALECTS, dialect_serving
+from envs.agentgym.expert import PROMPT_ACKNOWLEDGEMENT
+from envs.agentgym.protocol import AgentGymError, Dialect, served_task_ids, tasks_digest
 from envs.base import Environment, EnvironmentUnavailable, Episode, Split, StepResult
-
-
-class AgentGymError(RuntimeError):
-    """A server answered, but not with what the protocol promises (or with an `error` field)."""
-
-    def __init__(self, message: str, status: int = 200) -> None:
-        super().__init__(message)
-        self.status = status  # the HTTP status it came with
 
 
 class ServerUnavailable(EnvironmentUnavailable):
@@ -88,86 +66,8 @@ UNKNOWN_ID = "unknown environment id"
 # their only such text: `/close` answers `false` or HTTP 500, which `close` ignores): the whole
 # message, so "has been deleted" or "has finished" stay errors.
 AGENTGYM_UNKNOWN_ID = re.compile(r"The id -?\d+ is not valid\.")
-# AgentGym's TextCraft server builds its task text by iterating Python sets, so the text depends
-# on the server process's hash seed: servers with different seeds cannot take over each other's
-# episodes.
-HASH_SEED_HINT = (
-    "AgentGym's TextCraft server's text depends on its hash seed, so this server was likely "
-    "started with another PYTHONHASHSEED than the first: start every server with the same one "
-    "(e.g. `PYTHONHASHSEED=0 textcraft --port 36001`, or `PYTHONHASHSEED=0 flywheel serve-env "
-    "--compat agentgym --port 36001`)"
-)
 # The bearer token Flywheel's servers require when started with one; the client sends it too.
 TOKEN_ENV = "FLYWHEEL_ENV_TOKEN"
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """One AgentGym server family's field names (see the module docstring)."""
-
-    name: str
-    id_field: str
-    reward_range: tuple[float, float]
-    reset_index_field: str
-    cumulative_score: bool  # `/step` reports a running score instead of a per-step reward
-
-    def parse_id(self, answer: Any) -> int:
-        value = answer if self.id_field == "env_idx" else _field(answer, "id", "/create")
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise AgentGymError(f"/create answered {answer!r}; expected an integer id")
-        return value
-
-    def first_observation(self, answer: Any) -> str:
-        if self.name == "webshop":
-            if not (isinstance(answer, list) and answer and isinstance(answer[0], str)):
-                raise AgentGymError(f"/reset answered {answer!r}; expected [observation, null]")
-            return answer[0]
-        observation = _text(answer, "observation", "/reset")
-        if self.name == "sciworld":
-            return f"{_text(answer, 'task_description', '/reset')}\n{observation}"
-        return observation
-
-    def parse_step(self, answer: Any, last_score: float) -> tuple[StepResult, float]:
-        """The step's result and the running score after it."""
-        observation = _text(answer, "state" if self.name == "webshop" else "observation", "/step")
-        done = _field(answer, "done", "/step")
-        if not isinstance(done, bool):
-            raise AgentGymError(f"/step answered done={done!r}; expected true or false")
-        if self.cumulative_score:
-            score = _number(answer, "score")
-            reward = score - last_score
-        else:
-            reward = _number(answer, "reward")
-            score = last_score + reward
-        return StepResult(observation, reward, done), score
-
-
-DIALECTS = {
-    "textcraft": Dialect("textcraft", "id", (0.0, 1.0), "data_idx", cumulative_score=False),
-    "sciworld": Dialect("sciworld", "id", (0.0, 100.0), "data_idx", cumulative_score=True),
-    "webshop": Dialect("webshop", "env_idx", (0.0, 1.0), "session_id", cumulative_score=False),
-}
-
-
-def _field(answer: Any, key: str, endpoint: str) -> Any:
-    if not isinstance(answer, dict) or key not in answer:
-        shown = sorted(answer) if isinstance(answer, dict) else repr(answer)[:120]
-        raise AgentGymError(f"{endpoint} answer lacks {key!r} (got {shown})")
-    return answer[key]
-
-
-def _text(answer: Any, key: str, endpoint: str) -> str:
-    value = _field(answer, key, endpoint)
-    if not isinstance(value, str):
-        raise AgentGymError(f"{endpoint} answered {key}={value!r}; expected a string")
-    return value
-
-
-def _number(answer: Any, key: str) -> float:
-    value = _field(answer, key, "/step")
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise AgentGymError(f"/step answered {key}={value!r}; expected a number")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -491,7 +391,8 @@ class RemoteEpisode(Episode):
                 )
 
     def _mismatch_hint(self) -> str:
-        return f"; {HASH_SEED_HINT}" if self.pool.dialect.name == "textcraft" else ""
+        hint = self.pool.dialect.replay_hint
+        return f"; {hint}" if hint else ""
 
     def _step_on_server(self, action: str) -> StepResult:
         remote = self._remote
@@ -563,7 +464,7 @@ class AgentGymEnv(Environment):
     servers publish no split, so the user names one. TextCraft's and SciWorld's prompt is
     AgentGym's client's own task prompt, sent as its client sends it (the first user turn,
     answered "OK. ..."); TextCraft and SciWorld have an expert, TextCraft an oracle
-    (`envs.agentgym_expert`), both read from a task's first answer, kept per task.
+    (`envs.agentgym.expert`), both read from a task's first answer, kept per task.
     """
 
     step_workers = 64  # steps are HTTP round trips: many can be in flight at once
@@ -581,8 +482,8 @@ class AgentGymEnv(Environment):
         self.reward_range = self.dialect.reward_range
         self.splits = {"train": range(*train), "test": range(*test)}
         self.pool = ServerPool(servers, self.dialect, client or ClientSettings())
-        self.system_prompt = TASK_PROMPTS.get(dialect, Environment.system_prompt)
-        if dialect in TASK_PROMPTS:  # laid out as AgentGym's client does: a user turn, then "OK"
+        if self.dialect.system_prompt is not None:  # as AgentGym's client: a user turn, then "OK"
+            self.system_prompt = self.dialect.system_prompt
             self.prompt_acknowledgement = PROMPT_ACKNOWLEDGEMENT
         self._openings: dict[str, tuple[str, Any]] = {}  # task id -> (instruction, /reset answer)
 
@@ -608,24 +509,21 @@ class AgentGymEnv(Environment):
         return self._openings[task_id]
 
     def task_goal(self, task_id: str) -> str | None:
-        """A TextCraft task's goal item (`acacia_boat`), from its text on the servers: AgentGym's
-        numbering depends on the machine the server runs on, the goal does not."""
-        if self.dialect.name != "textcraft":
+        """A task's goal (TextCraft's item, `acacia_boat`), from its text on the servers, where
+        the dialect reads one: AgentGym's numbering depends on the server's machine."""
+        if not self.dialect.reads("task_goal"):
             return None
-        return textcraft_goal(self.opening(task_id)[0])
+        return self.dialect.task_goal(self.opening(task_id)[0])
 
     def expert_plan(self, task_id: str) -> list[tuple[str, str]] | None:
-        if self.dialect.name == "textcraft":
-            return textcraft_plan(self.opening(task_id)[0])
-        if self.dialect.name == "sciworld":
-            reset_answer = self.opening(task_id)[1]
-            return sciworld_plan(reset_answer) if isinstance(reset_answer, dict) else None
-        return None
+        if not self.dialect.reads("expert_plan"):
+            return None
+        return self.dialect.expert_plan(*self.opening(task_id))
 
     def mistakes(self, task_id: str, actions: list[str | None]) -> list[bool] | None:
-        if self.dialect.name != "textcraft":
+        if not self.dialect.reads("mistakes"):
             return None
-        return textcraft_mistakes(self.opening(task_id)[0], actions)
+        return self.dialect.mistakes(self.opening(task_id)[0], actions)
 
 
 class RemoteEnv(Environment):
@@ -650,9 +548,7 @@ class RemoteEnv(Environment):
         self.validation = catalog.validation  # its task lists are the catalog's
         self.served_tasks = served_task_ids(catalog)
         self._index = {t: i for i, t in enumerate(self.served_tasks)}
-        self.pool = ServerPool(
-            servers, DIALECTS[dialect_of(catalog.name)], client or ClientSettings()
-        )
+        self.pool = ServerPool(servers, dialect_serving(catalog.name), client or ClientSettings())
 
     def check(self) -> None:
         """Every server is up and serves this environment's tasks; raises ValueError if not."""
@@ -729,18 +625,3 @@ class RemoteEnv(Environment):
 
     def mistakes(self, task_id: str, actions):
         return self.catalog.mistakes(task_id, actions)
-
-
-def served_task_ids(env: Environment) -> list[str]:
-    """The order a server indexes tasks in (`data_idx`): train tasks, then the validation tasks
-    the run holds out of them (none unless `env.validation_tasks`), then test tasks."""
-    return env.task_ids("train") + env.validation_ids() + env.task_ids("test")
-
-
-def tasks_digest(task_ids: list[str]) -> str:
-    return hashlib.sha1("\n".join(task_ids).encode()).hexdigest()
-
-
-def dialect_of(env_name: str) -> str:
-    """The AgentGym dialect a Flywheel environment is served in (its AgentGym counterpart's)."""
-    return "sciworld" if env_name == "scienceworld" else "textcraft"
