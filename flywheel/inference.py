@@ -198,6 +198,7 @@ class VLLMBackend:
         # (11 for the demo's settings); an engine for greedy decoding only (evaluation, ETO's
         # exploration) runs without the cap.
         self.takes_seeds = gpu or sampling
+        self.closed = False  # close() was called: a call failing after it failed for that
         # A LoRA adapter folder (lora.publish=adapter): the engine runs its base with vLLM's
         # LoRA support and applies the adapter to every request (docs/lora.md).
         adapter = lora_adapter(model_dir)
@@ -264,12 +265,24 @@ class VLLMBackend:
             )
             for seed in self.request_seeds(sampling, len(prompts))
         ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts],
-            params,
-            use_tqdm=False,
-            lora_request=self.lora_request,
-        )
+        llm = getattr(self, "llm", None)  # close() removes it
+        if llm is None:
+            raise EngineClosed("the vLLM engine was closed before this call")
+        try:
+            outputs = llm.generate(
+                [TokensPrompt(prompt_token_ids=p) for p in prompts],
+                params,
+                use_tqdm=False,
+                lora_request=self.lora_request,
+            )
+        except Exception as error:
+            if self.closed:  # vLLM reports its engine dead; the cause is ours: say so
+                raise EngineClosed("the vLLM engine was closed during this call") from error
+            raise
+        if any(o.outputs[0].finish_reason == "abort" for o in outputs):
+            # vLLM ends the requests it still had this way when the engine is shut down under
+            # them: half replies, never an agent's turn
+            raise EngineClosed("the vLLM engine was shut down while this call was generating")
         return [_generation(o.outputs[0]) for o in outputs]
 
     def request_seeds(self, sampling: SamplingSettings, count: int) -> list[int | None]:
@@ -314,14 +327,31 @@ class VLLMBackend:
         return scores
 
     def close(self) -> None:
+        self.closed = True
         engine = getattr(self.llm, "llm_engine", None)
-        shutdown = getattr(engine, "shutdown", None) or getattr(
-            getattr(engine, "engine_core", None), "shutdown", None
-        )
+        core = getattr(engine, "engine_core", None)
+        shutdown = getattr(engine, "shutdown", None) or getattr(core, "shutdown", None)
         if shutdown:
             shutdown()
+        fail_waiting_calls(core)
         del self.llm
         reap_engine_processes()
+
+
+class EngineClosed(RuntimeError):
+    """The engine was shut down (the run is stopping) while a call waited on its outputs."""
+
+
+def fail_waiting_calls(core) -> None:
+    """Wake a generate or score call that another thread has waiting on the engine's outputs.
+
+    vLLM's shutdown ends the thread that fills the client's output queue without a word in it, so
+    a call blocked on that queue would wait forever, and the stage thread with it: a failed flow
+    then never exits (the chaos bench found one hung this way after a vLLM kill). An error in the
+    queue is what vLLM itself puts there when its output thread fails."""
+    outputs = getattr(core, "outputs_queue", None)
+    if outputs is not None:
+        outputs.put_nowait(EngineClosed("the vLLM engine was closed while this call waited on it"))
 
 
 def reap_engine_processes() -> list[int]:
