@@ -51,7 +51,10 @@ dpo: {{epochs: 1, max_length: 1024}}
 explore: {{shards: 2}}
 """
 LEFTOVER_WAIT_S = 30  # the watchdog's snapshot, SIGTERM grace and SIGKILL fit in this
-SERVER_DOWN_S = (1.0, 8.0)  # how long a killed environment server stays down
+SERVER_DOWN_S = (1.0, 8.0)
+# A run still going after this long is hung (the tiny campaign's slowest run took 19 min on 2
+# loaded cores): its process group is killed and the run counted as hung.
+RUN_TIMEOUT_S = 45 * 60  # how long a killed environment server stays down
 
 # Fields excluded from the comparison, each for a stated reason (see docs/chaos.md).
 # - `published_at` (every manifest, each campaign round): the wall-clock time of publication.
@@ -274,13 +277,16 @@ class Attempt:
     left_processes: list[str] = field(default_factory=list)
     left_temp: list[str] = field(default_factory=list)
     watchdog_lines: list[str] = field(default_factory=list)
+    hung: bool = False  # still running at the run timeout: its process group was killed
 
 
 class Campaign:
     """The campaign's folders and environment; runs until every round is published."""
 
-    def __init__(self, work: Path, rounds: int, servers: list[EnvServer], config: Path):
+    def __init__(self, work: Path, rounds: int, servers: list[EnvServer], config: Path,
+                 run_timeout_s: float = RUN_TIMEOUT_S):  # fmt: skip
         self.work, self.rounds, self.servers, self.config = work, rounds, servers, config
+        self.run_timeout_s = run_timeout_s
         self.store = work / "store"
         self.temp = work / "tmp"  # the flows' TMPDIR: what is left in it was left behind
         self.temp.mkdir(parents=True, exist_ok=True)
@@ -313,9 +319,7 @@ class Campaign:
             out.write(f"\n===== attempt {attempt.number}: plan {plan} =====\n")
             out.flush()
             flow = subprocess.Popen(
-                [sys.executable, "-m", "flows.eto", "--campaign", "--config", str(self.config),
-                 f"storage_url={self.store}",
-                 f"mlflow_tracking_uri=sqlite:///{self.work / 'mlflow.db'}"],
+                self.flow_command(),
                 cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
@@ -323,6 +327,13 @@ class Campaign:
         appeared: float | None = None
         log_start = log.stat().st_size
         while flow.poll() is None:
+            if time.monotonic() - started > self.run_timeout_s:
+                # A hang is a finding, not a reason to stop the bench: recorded, then killed.
+                attempt.hung = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(flow.pid, signal.SIGKILL)
+                flow.wait()
+                break
             try:
                 children = psutil.Process(flow.pid).children(recursive=True)
             except psutil.Error:
@@ -363,6 +374,12 @@ class Campaign:
         ]
         self.attempts.append(attempt)
         return attempt
+
+    def flow_command(self) -> list[str]:
+        """One campaign run: the next round of the tiny ETO campaign."""
+        return [sys.executable, "-m", "flows.eto", "--campaign", "--config", str(self.config),
+                f"storage_url={self.store}",
+                f"mlflow_tracking_uri=sqlite:///{self.work / 'mlflow.db'}"]  # fmt: skip
 
     def kill(self, victim: str, flow: subprocess.Popen) -> str:
         if victim == "flow":
@@ -435,7 +452,8 @@ def run_campaign(campaign: Campaign, planner: KillPlanner | None, kills: int, lo
         attempt = campaign.run_once(plan, log)
         print(
             f"attempt {attempt.number}: plan {plan}, killed {attempt.killed or '-'} at "
-            f"{attempt.killed_at_s}, exit {attempt.exit_code}, {attempt.seconds} s, rounds "
+            f"{attempt.killed_at_s}, exit {attempt.exit_code}{' (hung)' if attempt.hung else ''}, "
+            f"{attempt.seconds} s, rounds "
             f"{attempt.rounds_after}, left {attempt.left_processes} {attempt.left_temp}",
             flush=True,
         )
@@ -510,6 +528,8 @@ def results_markdown(args, reference: list[Attempt], chaos: Campaign,
         f"| kills the run survived (exit 0) | - | {survived} |",
         f"| runs that failed and were resumed | - | "
         f"{sum(1 for a in chaos.attempts if a.exit_code != 0)} |",
+        f"| runs that hung (killed at the run timeout) | "
+        f"{sum(a.hung for a in reference)} | {sum(a.hung for a in chaos.attempts)} |",
         f"| runs leaving a process or `$TMPDIR/fw-*` | "
         f"{sum(1 for a in reference if a in left)} | "
         f"{sum(1 for a in chaos.attempts if a in left)} |",
@@ -578,6 +598,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--run-timeout-s",
+        type=float,
+        default=RUN_TIMEOUT_S,
+        help="a run still going after this long counts as hung and is killed",
+    )
     parser.add_argument("--work", type=Path, default=None, help="default: a new temp folder")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results-chaos.md")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
@@ -607,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Both campaigns in the same folder `run`, so that paths written into files are equal.
         if args.phase in ("both", "reference"):
-            reference = Campaign(work / "run", args.rounds, servers, config)
+            reference = Campaign(work / "run", args.rounds, servers, config, args.run_timeout_s)
             run_campaign(reference, None, 0, work / "reference.log", max_attempts=args.rounds + 3)
             (work / "run" / "attempts.json").write_text(
                 json.dumps([asdict(a) for a in reference.attempts], indent=1)
@@ -615,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
             (work / "run").rename(work / "reference")
             if args.phase == "reference":
                 return 0
-        chaos = Campaign(work / "run", args.rounds, servers, config)
+        chaos = Campaign(work / "run", args.rounds, servers, config, args.run_timeout_s)
         planner = KillPlanner(args.seed, kinds=args.kinds.split(","))
 
         reference_done = reference_work / "reference" / "attempts.json"

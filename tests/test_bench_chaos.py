@@ -4,6 +4,8 @@ is named when files differ) and the seeded choice of victims."""
 import json
 from pathlib import Path
 
+import psutil
+
 from bench import chaos
 
 
@@ -146,3 +148,19 @@ def test_episode_recoveries_are_summed_over_the_stores_manifests(tmp_path):
          "c/_MANIFEST.json": json.dumps({"counts": {}})},
     )  # fmt: skip
     assert chaos.episode_recoveries(tmp_path) == (3, 4)
+
+
+def test_a_run_still_going_at_the_run_timeout_is_counted_hung_and_its_group_killed(tmp_path):
+    """A hung run (the chaos bench met one: a flow that never exited) must not stall the bench:
+    at the run timeout its whole process group is killed and the attempt says hung."""
+    campaign = chaos.Campaign(tmp_path, 1, [], tmp_path / "config.yaml", run_timeout_s=1.0)
+    child_pid = tmp_path / "child.pid"
+    campaign.flow_command = lambda: [
+        "sh",
+        "-c",
+        f"sleep 300 & echo $! > {child_pid}; wait",  # a child in the run's group
+    ]
+    attempt = campaign.run_once(None, tmp_path / "chaos.log")
+    assert attempt.hung and attempt.exit_code == -9 and attempt.seconds < 30
+    pid = int(child_pid.read_text())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
