@@ -251,8 +251,21 @@ class EnvServer:
 
     def kill(self) -> None:
         if self.process and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            os.killpg(self.process.pid, signal.SIGKILL)  # a stopped process dies too
             self.process.wait()
+
+    def freeze(self) -> None:
+        """SIGSTOP: it still accepts connections but answers nothing, so every request sent to it
+        from now on is in flight when it is killed (an episode's step takes milliseconds, and a
+        kill timed from the log alone met none in two campaigns)."""
+        self._signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, number: int) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, number)
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
@@ -349,6 +362,8 @@ class Campaign:
                     ready = plan.victim == "flow" or episodes_running(log, log_start)
                     if ready and appeared is None:
                         appeared = now
+                        if plan.victim == "server":
+                            self.target_server().freeze()  # its requests wait for the kill
                     if appeared is not None and now - appeared >= plan.delay_s:
                         attempt.killed = self.kill(plan.victim, flow)
                         attempt.killed_at_s = round(now, 1)
@@ -362,6 +377,8 @@ class Campaign:
                         attempt.killed_at_s = round(now, 1)
                         victim.kill()
             time.sleep(0.2)
+        for server in self.servers:
+            server.thaw()  # frozen for a kill the run ended before
         attempt.exit_code = flow.returncode
         attempt.seconds = round(time.monotonic() - started, 1)
         attempt.left_processes = self.left_behind(seen, flow.pid)
@@ -374,6 +391,10 @@ class Campaign:
         ]
         self.attempts.append(attempt)
         return attempt
+
+    def target_server(self) -> EnvServer:
+        """The server this run's server plan freezes and kills: each in turn."""
+        return self.servers[len(self.attempts) % len(self.servers)]
 
     def flow_command(self) -> list[str]:
         """One campaign run: the next round of the tiny ETO campaign."""
@@ -390,7 +411,7 @@ class Campaign:
             self.prefect_homes += 1
             self.env["PREFECT_HOME"] = str(self.work / f"prefect-{self.prefect_homes}")
             return f"flow pid {flow.pid} (process group)"
-        server = self.servers[len(self.attempts) % len(self.servers)]
+        server = self.target_server()
         server.kill()
         down = random.Random(len(self.attempts)).uniform(*SERVER_DOWN_S)
         time.sleep(down)

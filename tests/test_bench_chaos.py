@@ -2,9 +2,11 @@
 is named when files differ) and the seeded choice of victims."""
 
 import json
+import os
 from pathlib import Path
 
 import psutil
+import pytest
 
 from bench import chaos
 
@@ -164,3 +166,26 @@ def test_a_run_still_going_at_the_run_timeout_is_counted_hung_and_its_group_kill
     assert attempt.hung and attempt.exit_code == -9 and attempt.seconds < 30
     pid = int(child_pid.read_text())
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_frozen_server_holds_requests_in_flight_until_killed_and_comes_back(tmp_path):
+    """The server victim: frozen when episodes start (a request then waits, unanswered), killed,
+    restarted on its port, answering again."""
+    import httpx
+
+    config = tmp_path / "config.yaml"
+    config.write_text("env: {name: textcraft}\n")
+    port = chaos.free_ports(1)[0]
+    server = chaos.EnvServer(config, port, tmp_path / "server.log", dict(os.environ))
+    try:
+        server.freeze()
+        with pytest.raises(httpx.TimeoutException):
+            httpx.get(server.url + "/", timeout=1.0)
+        first = server.process.pid
+        server.kill()
+        server.start()
+        assert server.process.pid != first
+        assert httpx.get(server.url + "/", timeout=5.0).status_code == 200
+    finally:
+        server.thaw()
+        server.stop()
