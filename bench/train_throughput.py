@@ -41,9 +41,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.rollout_throughput import ModelShape, matmul_flops, model_shape, resolve_model
+from bench.trl_every_position import TRAINER_VARIABLE
 
-# Variants: name -> (trainer, trl_args on top of the shipped settings, TrainingJob fields).
-EVERY_POSITION = {"score_every_position": True}
+# Variants: name -> (trainer, trl_args on top of the shipped settings, job fields). The one job
+# field that is not the TrainingJob's: `every_position`, trl's own CPU behaviour (the trainer run
+# through bench/trl_every_position.py).
+EVERY_POSITION = {"every_position": True}
 LORA_R16 = {"enabled": True, "rank": 16, "alpha": 32.0, "dropout": 0.0,
             "target_modules": "all-linear", "publish": "merged"}  # fmt: skip
 VARIANTS = {
@@ -206,6 +209,7 @@ def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured
 
     trainer, extra, job_fields = VARIANTS[name]
     job_fields = dict(job_fields)
+    every_position = job_fields.pop("every_position", False)
     sizes = {"max_length": args.max_length, "lora": job_fields.pop("lora", {}),
              "frozen_layers": job_fields.pop("frozen_layers", args.frozen_layers)}  # fmt: skip
     if trainer == "sft":
@@ -230,13 +234,12 @@ def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured
     )  # fmt: skip
     metrics_file = work / "metrics.json"
     print(f"training: {name} ...", file=sys.stderr)
-    peak_kb = launch_measuring_peak(
-        f"training.{trainer}", job.save(work / "job.json"), work / "train.log",
-        extra_env={"FLYWHEEL_METRICS_FILE": str(metrics_file)},
-    )  # fmt: skip
+    module, env = f"training.{trainer}", {"FLYWHEEL_METRICS_FILE": str(metrics_file)}
+    if every_position:
+        module, env = "bench.trl_every_position", env | {TRAINER_VARIABLE: module}
+    peak_kb = launch_measuring_peak(module, job.save(work / "job.json"), work / "train.log", env)
     metrics = json.loads(metrics_file.read_text())
     rows, real, processed = token_counts(trainer, records, model_dir, args.max_length)
-    every_position = job_fields.get("score_every_position", False)
     projected = processed if every_position else int(metrics["loss_tokens_per_epoch"])
     flops = training_flops(
         shape, processed, projected, settings.frozen_layers, settings.lora.enabled

@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import training.job  # noqa: E402
 from flywheel.settings import SFTSettings  # noqa: E402
 from training.job import TrainingJob, load_model  # noqa: E402
 
@@ -75,8 +76,12 @@ def test_the_lm_head_projects_only_the_loss_positions_on_a_cpu(tiny_model_dir, c
     ids = torch.tensor([chat.tokenizer("craft 4 oak planks using 1 oak logs")["input_ids"]])
     labels = ids.masked_fill(torch.arange(ids.shape[1]) < ids.shape[1] - 3, -100)
     log_probs = {}
-    for every in (True, False):  # trl's CPU default first, then the shipped one
-        model = load_model(job_for(tiny_model_dir, score_every_position=every))
+    shipped = training.job.score_loss_positions_only
+    for every in (True, False):  # trl's CPU default first (as bench/trl_every_position runs it)
+        monkeypatch.setattr(
+            training.job, "score_loss_positions_only", (lambda: None) if every else shipped
+        )
+        model = load_model(job_for(tiny_model_dir))
         add_fused_lm_head(model)
         log_probs[every] = model(input_ids=ids, labels=labels, fused_lm_head=True).log_probs
     # Every position but the last predicts a token; only the 3 with a label are projected, and

@@ -42,8 +42,6 @@ class TrainingJob(BaseModel, Generic[Settings]):
     # Where to write every optimizer step's logged numbers (JSON list, a resumed run's earlier
     # steps included); None writes none.
     history_file: str | None = None
-    # trl's own CPU behaviour (project every position through the LM head); kept for the bench.
-    score_every_position: bool = False
 
     def save(self, path: Path) -> Path:
         Path(path).write_text(self.model_dump_json(indent=2))
@@ -158,8 +156,7 @@ def load_model(job: TrainingJob):
 
     from flywheel.model import lora_adapter
 
-    if not job.score_every_position:
-        score_loss_positions_only()
+    score_loss_positions_only()
     attention_without_cudnn()
     adapter = lora_adapter(job.model_dir)
     model = AutoModelForCausalLM.from_pretrained(
