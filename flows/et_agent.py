@@ -42,6 +42,10 @@ from tasks.evolve import EvolveInputs, EvolveSettings, evolve_stage
 RENAMED_KEYS = {"flywheel": "evolve", "flywheel_tasks": "evolve_tasks"}
 
 
+# ET-Agent's sampling: K = 8 episodes per question, curriculum stages by tool calls, easy first.
+PAPER_SAMPLING = {"samples_per_task": 8, "curriculum": "tool-calls"}
+
+
 class ETAgentConfig(ToolRecipeConfig):
     """One ET-Agent run on a tool environment: the warm start (SFT on the solver's tool
     trajectories), data evolution on train questions and SFT on its correct trajectories (the
@@ -54,9 +58,7 @@ class ETAgentConfig(ToolRecipeConfig):
     evolve_tasks: int = Field(default=64, ge=1)
     rft: SFTSettings = Field(default_factory=SFTSettings)  # SFT on the evolved trajectories
     # K = 8 episodes per question, stages easy first; a `sample` section changes only what it names
-    sample: SampleSettings = Field(
-        default_factory=lambda: SampleSettings(samples_per_task=8, curriculum="tool-calls")
-    )
+    sample: SampleSettings = Field(default_factory=lambda: SampleSettings(**PAPER_SAMPLING))
     calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
     evolve: EvolveSettings = Field(default_factory=EvolveSettings)
 
@@ -77,10 +79,7 @@ class ETAgentConfig(ToolRecipeConfig):
         if isinstance(data, dict):
             given = data.get("sample") or {}
             if isinstance(given, dict):
-                data = {
-                    **data,
-                    "sample": {"samples_per_task": 8, "curriculum": "tool-calls", **given},
-                }
+                data = {**data, "sample": {**PAPER_SAMPLING, **given}}
         return data
 
 

@@ -194,7 +194,8 @@ class EnvSettings(Strict):
     # agentgym-sciworld, agentgym-webshop, or one a package registers under the entry-point
     # group `flywheel.environments`; or a factory named `package.module:Factory`. The name is
     # checked against the registry (`envs.registry`, docs/architecture.md) when the config is
-    # loaded by a recipe and whenever the environment is made: the core knows no environment.
+    # loaded by a recipe and whenever the environment is made. The core keeps only the built-ins'
+    # own settings sections (qa, scienceworld, agentgym) and their cache identities.
     name: str = Field(default="textcraft", min_length=1)
     # Train tasks used (None = all of the split).
     train_tasks: int | None = Field(default=None, ge=1)

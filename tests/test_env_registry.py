@@ -158,3 +158,14 @@ def test_the_command_line_refuses_an_unknown_name_before_any_work(tmp_path, caps
     assert main(["env.name=webshopx", f"storage_url={store}"]) == 2
     assert "env.name: unknown environment 'webshopx'" in capsys.readouterr().err
     assert not store.exists()  # refused before the run lock or the store's check
+
+
+def test_serve_env_by_name_takes_what_the_registry_says_is_servable():
+    from envs.agentgym.server import env_settings, parse_args
+
+    assert env_settings(parse_args(["--env", COUNTER])).name == COUNTER  # a plugin, by name
+    assert env_settings(parse_args([])).name == "textcraft"
+    with pytest.raises(ConfigError, match="--env: env.name 'qa' cannot be served here"):
+        env_settings(parse_args(["--env", "qa"]))
+    with pytest.raises(ConfigError, match="unknown environment 'nowhere'"):
+        env_settings(parse_args(["--env", "nowhere"]))

@@ -149,7 +149,8 @@ def weights_dtype(job: TrainingJob, gpu_bf16: bool) -> str:
 
 
 def load_model(job: TrainingJob):
-    """The model to train (in `weights_dtype`), with `job.frozen_layers` bottom layers frozen.
+    """The model to train (in `weights_dtype`), with `job.settings.frozen_layers` bottom
+    layers frozen.
     From a LoRA adapter folder (a stage that published `lora.publish=adapter`): its base with the
     adapter, which goes on training under LoRA and is merged into the base otherwise."""
     from transformers import AutoModelForCausalLM

@@ -476,8 +476,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument(
         "--env",
         default="textcraft",
-        choices=SERVABLE,
-        help="environment, with its default settings (default: textcraft)",
+        help="environment, with its default settings: textcraft (default), scienceworld, a "
+        "plugin's entry-point name or package.module:Factory",
     )
     source.add_argument(
         "--config", help="a recipe config: serve its `env` section (task lists then match runs)"
@@ -553,20 +553,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
-SERVABLE = ("textcraft", "scienceworld")  # by name alone (`--env`); a config may name a plugin
-
-
 def env_settings(args: argparse.Namespace):
     """The environment to serve: a config's `env` section (without its servers), or a name."""
     from envs.registry import check_env_settings
     from flywheel.config_files import ConfigError, load_config_section
     from flywheel.settings import EnvSettings
 
-    if not args.config:
-        return EnvSettings(name=args.env)
-    settings = load_config_section(EnvSettings, args.config, "env")
-    if not check_env_settings(settings).servable:
-        raise ConfigError(f"{args.config}: env.name {settings.name!r} cannot be served here")
+    if args.config:
+        settings, where = load_config_section(EnvSettings, args.config, "env"), args.config
+    else:
+        settings, where = EnvSettings(name=args.env), "--env"
+    if not check_env_settings(settings).servable:  # the registry says what can be served
+        raise ConfigError(f"{where}: env.name {settings.name!r} cannot be served here")
     return settings.model_copy(update={"servers": []})
 
 

@@ -1,6 +1,8 @@
-"""An environment outside Flywheel's packages, run by every recipe by name alone:
+"""An environment outside Flywheel's packages, run by every recipe by name alone (from the
+repository root, where `examples` is importable; your own package is importable wherever it is
+installed):
 
-    flywheel eto env.name=examples.counter_env:CounterEnv env.options.largest_target=6
+    PYTHONPATH=. flywheel eto env.name=examples.counter_env:CounterEnv env.options.largest_target=6
 
 or, once a package declares it under the entry-point group `flywheel.environments`
 (`counter = "examples.counter_env:CounterEnv"` in its pyproject's
