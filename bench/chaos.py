@@ -254,6 +254,16 @@ class EnvServer:
             os.killpg(self.process.pid, signal.SIGKILL)  # a stopped process dies too
             self.process.wait()
 
+    def open_sessions(self) -> int:
+        """Episodes open on it now (`GET /flywheel`): what a server kill is worth waiting for. The
+        run's log cannot tell: a stage's progress bar reaches it only when the stage ends."""
+        import httpx
+
+        try:
+            return int(httpx.get(self.url + "/flywheel", timeout=0.5).json().get("sessions", 0))
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return 0
+
     def freeze(self) -> None:
         """SIGSTOP: it still accepts connections but answers nothing, so every request sent to it
         from now on is in flight when it is killed (an episode's step takes milliseconds, and a
@@ -338,7 +348,6 @@ class Campaign:
             )  # fmt: skip
         seen: dict[int, float] = {}
         appeared: float | None = None
-        log_start = log.stat().st_size
         while flow.poll() is None:
             if time.monotonic() - started > self.run_timeout_s:
                 # A hang is a finding, not a reason to stop the bench: recorded, then killed.
@@ -357,9 +366,8 @@ class Campaign:
             if plan and not attempt.killed:
                 now = time.monotonic() - started
                 if plan.victim in ("flow", "server"):
-                    # a server is worth killing while episodes run: once the run's log shows
-                    # an episode's progress bar (vLLM's engine takes a minute to start first)
-                    ready = plan.victim == "flow" or episodes_running(log, log_start)
+                    # a server is worth killing while episodes run on it (it says how many)
+                    ready = plan.victim == "flow" or self.target_server().open_sessions() > 0
                     if ready and appeared is None:
                         appeared = now
                         if plan.victim == "server":
@@ -442,14 +450,6 @@ class Campaign:
             if not left or time.monotonic() > deadline:
                 return [f"{p.pid} {describe(p)[:160]}" for p in left]
             time.sleep(1)
-
-
-def episodes_running(log: Path, since: int) -> bool:
-    """Whether the run's log, from byte `since`, shows episodes under way (the rollout's
-    progress bar: `textcraft episodes: ... live=`)."""
-    with open(log, "rb") as f:
-        f.seek(since)
-        return b"live=" in f.read()
 
 
 def is_zombie(process) -> bool:

@@ -178,6 +178,9 @@ def test_a_frozen_server_holds_requests_in_flight_until_killed_and_comes_back(tm
     port = chaos.free_ports(1)[0]
     server = chaos.EnvServer(config, port, tmp_path / "server.log", dict(os.environ))
     try:
+        assert server.open_sessions() == 0
+        episode = httpx.post(server.url + "/create", json={}, timeout=5.0)
+        assert episode.status_code == 200 and server.open_sessions() == 1
         server.freeze()
         with pytest.raises(httpx.TimeoutException):
             httpx.get(server.url + "/", timeout=1.0)
@@ -186,6 +189,7 @@ def test_a_frozen_server_holds_requests_in_flight_until_killed_and_comes_back(tm
         server.start()
         assert server.process.pid != first
         assert httpx.get(server.url + "/", timeout=5.0).status_code == 200
+        assert server.open_sessions() == 0  # a fresh process: the episode's session is gone
     finally:
         server.thaw()
         server.stop()

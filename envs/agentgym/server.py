@@ -116,6 +116,7 @@ class EnvService:
             "dialect": self.dialect.name,
             "tasks": len(self.tasks),
             "tasks_sha1": self.digest,
+            "sessions": len(self._sessions),  # episodes open here now (bench/chaos.py waits on it)
         }
 
     def hello(self) -> str:
