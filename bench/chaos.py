@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -264,6 +265,18 @@ class EnvServer:
         except (httpx.HTTPError, ValueError, AttributeError):
             return 0
 
+    def freeze_when_open(self, flow: subprocess.Popen, frozen: threading.Event) -> None:
+        """Freeze it the moment an episode is open on it, polling every 50 ms from a thread of
+        its own: an episode's first step follows its creation by one generation (a second), so
+        the step's request is then surely in flight when the kill comes (the run's main loop,
+        at load 9, noticed too late: episodes of 3 steps were over)."""
+        while flow.poll() is None:
+            if self.open_sessions() > 0:
+                self.freeze()
+                frozen.set()
+                return
+            time.sleep(0.05)
+
     def freeze(self) -> None:
         """SIGSTOP: it still accepts connections but answers nothing, so every request sent to it
         from now on is in flight when it is killed (an episode's step takes milliseconds, and a
@@ -348,6 +361,12 @@ class Campaign:
             )  # fmt: skip
         seen: dict[int, float] = {}
         appeared: float | None = None
+        frozen = threading.Event()
+        if plan and plan.victim == "server":
+            watcher = threading.Thread(
+                target=self.target_server().freeze_when_open, args=(flow, frozen), daemon=True
+            )
+            watcher.start()
         while flow.poll() is None:
             if time.monotonic() - started > self.run_timeout_s:
                 # A hang is a finding, not a reason to stop the bench: recorded, then killed.
@@ -366,12 +385,10 @@ class Campaign:
             if plan and not attempt.killed:
                 now = time.monotonic() - started
                 if plan.victim in ("flow", "server"):
-                    # a server is worth killing while episodes run on it (it says how many)
-                    ready = plan.victim == "flow" or self.target_server().open_sessions() > 0
+                    # a server is worth killing once frozen with episodes open on it
+                    ready = plan.victim == "flow" or frozen.is_set()
                     if ready and appeared is None:
                         appeared = now
-                        if plan.victim == "server":
-                            self.target_server().freeze()  # its requests wait for the kill
                     if appeared is not None and now - appeared >= plan.delay_s:
                         attempt.killed = self.kill(plan.victim, flow)
                         attempt.killed_at_s = round(now, 1)

@@ -3,6 +3,8 @@ is named when files differ) and the seeded choice of victims."""
 
 import json
 import os
+import subprocess
+import threading
 from pathlib import Path
 
 import psutil
@@ -181,7 +183,10 @@ def test_a_frozen_server_holds_requests_in_flight_until_killed_and_comes_back(tm
         assert server.open_sessions() == 0
         episode = httpx.post(server.url + "/create", json={}, timeout=5.0)
         assert episode.status_code == 200 and server.open_sessions() == 1
-        server.freeze()
+        run, frozen = subprocess.Popen(["sleep", "30"]), threading.Event()
+        server.freeze_when_open(run, frozen)  # an episode is open: frozen at once
+        run.kill()
+        assert frozen.is_set()
         with pytest.raises(httpx.TimeoutException):
             httpx.get(server.url + "/", timeout=1.0)
         first = server.process.pid
