@@ -208,6 +208,36 @@ def test_a_server_killed_with_a_step_in_flight_moves_the_episode_and_applies_the
     ]
 
 
+def test_a_server_down_when_a_stage_starts_sits_out_until_it_answers_and_passes(textcraft, capsys):
+    """Found by the chaos bench: a server restarting as a stage began failed the stage ("not
+    usable") though the other could play it. Now it sits out with a warning, takes no episode
+    while down, and is checked before its first one once it answers."""
+    quick = ClientSettings(timeout_s=2.0, connect_timeout_s=0.5, retries=0, down_for_s=0.2)
+    down, up = LocalServer("--env", "textcraft"), LocalServer("--env", "textcraft")
+    try:
+        down.kill()
+        remote = RemoteEnv(textcraft, [down.url, up.url], quick)
+        remote.check()
+        assert f"{down.url} is not usable" in capsys.readouterr().err
+        task_ids = textcraft.task_ids("train")[:2]
+        first = [remote.start(t) for t in task_ids]
+        assert {e.server.url for e in first} == {up.url}  # not the one that never answered
+        down.restart()  # back, on its port
+        time.sleep(0.3)  # past down_for_s
+        later = remote.start(task_ids[0])
+        assert later.server.url == down.url  # checked, then the least loaded
+        assert remote.pool.servers[0].pending_check is None
+        for episode in [*first, later]:
+            episode.close()
+        down.kill()
+        up.kill()
+        with pytest.raises(ValueError, match="no environment server is usable"):
+            RemoteEnv(textcraft, [down.url, up.url], quick).check()
+    finally:
+        down.kill()
+        up.kill()
+
+
 def test_all_servers_gone_records_every_episode_as_lost(textcraft, chat):
     server = LocalServer("--env", "textcraft")
     tasks = textcraft.task_ids("train")[:3]

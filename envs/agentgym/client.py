@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -129,6 +130,9 @@ class Server:
         self.settings = settings
         self.live_episodes = 0
         self.down_until = 0.0
+        # The check this server missed when the run began (it did not answer), run before it
+        # gets an episode (`passes_pending_check`); None once passed.
+        self.pending_check: Callable[[Server], None] | None = None
         self.generation = 0  # restarts seen so far; a session belongs to the one it was made in
         self._live_ids: set[int] = set()  # this generation's sessions that episodes hold
         self._ids_lock = threading.Lock()
@@ -247,11 +251,52 @@ class Server:
         return time.monotonic() >= self.down_until
 
     def probe(self, path: str) -> Any:
-        """GET `path` before any work; a failure is a ValueError saying the server is unusable."""
+        """GET `path` before any work; a failure is a ValueError saying the server is unusable
+        (`ServerUnreachable` where no answer came at all)."""
         try:
             return self.get(path)
-        except (ServerUnavailable, AgentGymError, LostEpisode) as error:
+        except ServerUnavailable as error:
+            raise ServerUnreachable(
+                f"environment server {self.url} is not usable: {error}"
+            ) from None
+        except (AgentGymError, LostEpisode) as error:
             raise ValueError(f"environment server {self.url} is not usable: {error}") from None
+
+    def passes_pending_check(self) -> bool:
+        """Whether episodes may go here: a server that could not be checked when the run began
+        is checked when it is next considered (`check_servers`); one that answers for another
+        environment stops the run."""
+        if self.pending_check is None:
+            return True
+        if not self.available():
+            return False
+        try:
+            self.pending_check(self)
+        except ServerUnreachable:
+            return False  # still down: it sits out `down_for_s` again
+        self.pending_check = None
+        return True
+
+
+class ServerUnreachable(ValueError):
+    """A server gave no answer at all when checked (down, restarting, unreachable)."""
+
+
+def check_servers(pool: ServerPool, check_one: Callable[[Server], None]) -> None:
+    """`check_one` on every server before any work. A server that answers wrongly stops the run;
+    one that does not answer sits out until it answers and passes (a server restarting as a stage
+    starts must not fail the stage the others can play); none answering stops the run."""
+    unreachable = []
+    for server in pool.servers:
+        try:
+            check_one(server)
+        except ServerUnreachable as error:
+            unreachable.append(str(error))
+            server.pending_check = check_one
+    if len(unreachable) == len(pool.servers):
+        raise ValueError("no environment server is usable: " + "; ".join(unreachable))
+    for error in unreachable:
+        print(f"warning: {error}; its episodes go to the others until it answers", file=sys.stderr)
 
 
 class ServerPool:
@@ -268,8 +313,10 @@ class ServerPool:
 
     def assign(self) -> Server:
         with self._lock:
-            # When all failed recently, try them anyway: one may have restarted.
-            candidates = [s for s in self.servers if s.available()] or self.servers
+            # When all failed recently, try them anyway: one may have restarted. Never one whose
+            # check is pending: it may serve another environment.
+            checked = [s for s in self.servers if s.passes_pending_check()]
+            candidates = [s for s in checked if s.available()] or checked or self.servers
             server = min(candidates, key=lambda s: s.live_episodes)
             server.live_episodes += 1
             return server
@@ -488,8 +535,7 @@ class AgentGymEnv(Environment):
         self._openings: dict[str, tuple[str, Any]] = {}  # task id -> (instruction, /reset answer)
 
     def check(self) -> None:
-        for server in self.pool.servers:
-            server.probe("/")
+        check_servers(self.pool, lambda server: server.probe("/"))
 
     def task_ids(self, split: Split) -> list[str]:
         return [str(i) for i in self.splits[split]]
@@ -551,9 +597,11 @@ class RemoteEnv(Environment):
         self.pool = ServerPool(servers, dialect_serving(catalog.name), client or ClientSettings())
 
     def check(self) -> None:
-        """Every server is up and serves this environment's tasks; raises ValueError if not."""
+        """Every server that answers serves this environment's tasks (raises ValueError if one
+        does not); one that does not answer is checked before it gets an episode."""
         expected = {"env": self.name, "tasks_sha1": tasks_digest(self.served_tasks)}
-        for server in self.pool.servers:
+
+        def serves_this(server: Server) -> None:
             info = server.probe("/flywheel")
             found = {k: info.get(k) for k in expected} if isinstance(info, dict) else info
             if found != expected:
@@ -561,6 +609,8 @@ class RemoteEnv(Environment):
                     f"environment server {server.url} serves {found}, this run needs {expected}: "
                     "start it with the same Flywheel version and environment settings"
                 )
+
+        check_servers(self.pool, serves_this)
 
     def task_ids(self, split: Split) -> list[str]:
         return self.catalog.task_ids(split)
