@@ -265,25 +265,26 @@ class VLLMBackend:
             )
             for seed in self.request_seeds(sampling, len(prompts))
         ]
+        outputs = self._run([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
+        return [_generation(o.outputs[0]) for o in outputs]
+
+    def _run(self, requests: list, params) -> list:
+        """`LLM.generate` for generate and score alike, ending with `EngineClosed` when `close()`
+        shut the engine down before or during the call."""
         llm = getattr(self, "llm", None)  # close() removes it
         if llm is None:
             raise EngineClosed("the vLLM engine was closed before this call")
         try:
-            outputs = llm.generate(
-                [TokensPrompt(prompt_token_ids=p) for p in prompts],
-                params,
-                use_tqdm=False,
-                lora_request=self.lora_request,
-            )
+            outputs = llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
         except Exception as error:
             if self.closed:  # vLLM reports its engine dead; the cause is ours: say so
                 raise EngineClosed("the vLLM engine was closed during this call") from error
             raise
         if any(o.outputs[0].finish_reason == "abort" for o in outputs):
             # vLLM ends the requests it still had this way when the engine is shut down under
-            # them: half replies, never an agent's turn
+            # them: half replies or no scores, never a result
             raise EngineClosed("the vLLM engine was shut down while this call was generating")
-        return [_generation(o.outputs[0]) for o in outputs]
+        return outputs
 
     def request_seeds(self, sampling: SamplingSettings, count: int) -> list[int | None]:
         seeds = sampling.seeds_for(count)
@@ -309,14 +310,12 @@ class VLLMBackend:
         # logits (no temperature); vLLM then skips the prefix cache for the request, as a cached
         # block would have no logprobs. max_tokens=1: one token is generated and ignored.
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        outputs = self.llm.generate(
+        outputs = self._run(
             [
                 TokensPrompt(prompt_token_ids=p + c)
                 for p, c in zip(prompts, continuations, strict=True)
             ],
             params,
-            use_tqdm=False,
-            lora_request=self.lora_request,
         )
         scores = []
         for output, prompt, continuation in zip(outputs, prompts, continuations, strict=True):
