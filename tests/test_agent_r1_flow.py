@@ -110,6 +110,7 @@ def test_the_flow_warm_starts_samples_groups_and_says_why_it_stopped(run):
     assert [m.step for m in evaluations] == [0]
 
 
+@pytest.mark.extended
 def test_vllm_records_the_logprobs_of_the_distribution_it_sampled_from(tiny_model_dir, chat):
     """At temperature 2 a sampled token's recorded log-probability is the tempered one the RL
     trainer computes (`training.rl.Policy` at the sampling temperature), not the raw model's."""
@@ -137,6 +138,7 @@ def test_vllm_records_the_logprobs_of_the_distribution_it_sampled_from(tiny_mode
     assert not torch.allclose(recorded, raw, atol=1e-2)
 
 
+@pytest.mark.extended
 def test_a_ppo_policy_with_its_value_head_loads_in_vllm(tmp_path, tiny_model_dir, chat):
     """PPO saves its value head with the policy; the next sampling or evaluation loads that
     folder in vLLM, which takes every *.safetensors at its top for the model's weights (a value

@@ -90,6 +90,7 @@ def stages(tmp_path_factory, tiny_model_dir):
     }  # fmt: skip
 
 
+@pytest.mark.extended
 def test_stages_turn_trees_into_trained_revisions(stages):
     store, paths, critiques, data = (stages[k] for k in ("store", "paths", "critiques", "data"))
     assert paths.counts["pairs"] > 0 and paths.counts["good_paths"] > 0

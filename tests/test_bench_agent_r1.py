@@ -75,6 +75,7 @@ def test_help_explains_the_parts(capsys):
     assert "estimators:" in text and "decode bound" in text and "--questions" in text
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_two_estimators_share_the_warm_start_then_the_rollout_part(tmp_path, tiny_model_dir):
     """The tiny random model never answers, so its groups carry no reward variance: each run

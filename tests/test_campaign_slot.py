@@ -63,6 +63,7 @@ def wait_for(log: Path, text: str, process, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_a_killed_campaign_run_does_not_keep_the_slot_from_the_next(tmp_path):
     script = tmp_path / "campaign_run.py"

@@ -129,6 +129,7 @@ def test_sft_killed_mid_training_resumes_to_the_uninterrupted_result(
     assert any(not start[k].equal(through[0][k]) for k in start)  # training moved it
 
 
+@pytest.mark.extended
 def test_dpo_killed_mid_training_resumes_to_the_uninterrupted_result(
     tmp_path, tiny_model_dir, monkeypatch
 ):
@@ -169,6 +170,7 @@ def test_dpo_killed_mid_training_resumes_to_the_uninterrupted_result(
     assert any(not start[k].equal(through[0][k]) for k in start)  # training moved it
 
 
+@pytest.mark.extended
 def test_rl_killed_mid_training_resumes_to_the_uninterrupted_result(
     tmp_path, tiny_model_dir, chat, monkeypatch
 ):

@@ -126,6 +126,7 @@ class FlowProcess:
         }  # fmt: skip
 
 
+@pytest.mark.extended
 def test_sigterm_during_training_exits_in_seconds_and_leaves_nothing(tmp_path):
     flow = FlowProcess(tmp_path)
     flow.wait_for(is_trainer)

@@ -209,6 +209,7 @@ def test_a_likelihood_prompt_leaves_room_for_the_longest_reply_and_one_token(tre
     assert any(ELIDED in chat.tokenizer.decode(p) for call in backend.calls for p, _ in call)
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_vllm_scores_are_the_models_log_probabilities_and_every_step_gets_a_verdict(
     tree, chat, base_model_dir

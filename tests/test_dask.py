@@ -17,7 +17,7 @@ from flywheel.storage import ArtifactStore
 from ops.runner import run_tracked, share_prefect_api
 from tasks.explore import ExploreInputs, explore_stage, shard
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 
 def explore_shards(cfg: ETOConfig, store, tracking, model_url: str) -> list:

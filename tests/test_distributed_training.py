@@ -56,6 +56,7 @@ def test_two_processes_learn_what_one_process_learns(trained, tiny_model_dir):
     assert apart < trained / 100  # ...and both runs moved them the same way
 
 
+@pytest.mark.extended
 def test_rl_on_two_processes_learns_what_one_process_learns(tmp_path, tiny_model_dir, chat):
     """The RL trainer under torchrun: each process trains its share of every optimizer batch
     (all of them computed the starting pass and advantages), DDP sums the gradients."""

@@ -19,7 +19,9 @@ def engine_core_processes():
     return [c for c in psutil.Process().children(recursive=True) if "EngineCore" in c.name()]
 
 
-@pytest.mark.parametrize("core", ["answers", "cannot-answer"])
+@pytest.mark.parametrize(
+    "core", ["answers", pytest.param("cannot-answer", marks=pytest.mark.extended)]
+)
 def test_closing_the_engine_fails_a_generate_call_waiting_in_another_thread(
     core, base_model_dir, chat
 ):

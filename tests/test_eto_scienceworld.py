@@ -15,7 +15,7 @@ from flywheel.inference import release_vllm
 from flywheel.records import Trajectory
 from flywheel.storage import ArtifactStore
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 ENV = {
     "name": "scienceworld",

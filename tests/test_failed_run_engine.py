@@ -86,7 +86,12 @@ sys.exit(0 if state.is_completed() else 1)
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "where", ["in-the-body", "in-a-stage-still-running", "engine-killed-at-start"]
+    "where",
+    [
+        pytest.param("in-the-body", marks=pytest.mark.extended),
+        "in-a-stage-still-running",
+        pytest.param("engine-killed-at-start", marks=pytest.mark.extended),
+    ],
 )
 def test_a_run_failing_after_the_engine_started_leaves_no_engine(where, tmp_path, tiny_model_dir):
     config = {

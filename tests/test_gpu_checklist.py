@@ -96,6 +96,7 @@ def test_a_machine_without_the_flows_runs_the_prepared_jobs_and_names_what_is_mi
     assert profile.command[1:5] == ["-m", "bench.profile_train_step", str(prepared), "sft"]
 
 
+@pytest.mark.extended
 @pytest.mark.slow  # 77 s on 2 cores: the expert data, the built-in tokenizer, a trainer
 def test_a_prepared_job_trains_and_reports_its_tokens_per_second(tmp_path):
     """--prepare here, then one prepared job run as the GPU machine runs it (a 2-layer model of
@@ -131,6 +132,7 @@ def test_a_prepared_job_trains_and_reports_its_tokens_per_second(tmp_path):
     assert "## by host time" in text and "aten::mm" in text
 
 
+@pytest.mark.extended
 @pytest.mark.slow  # the expert data, the built-in tokenizer, the RL trainer on a 2-layer model
 def test_a_prepared_rl_step_trains_groups_with_signal_and_reports_its_rate(tmp_path):
     """The RL step the GPU checklist prepares: each expert trajectory as a group of RL_GROUP

@@ -293,6 +293,7 @@ def test_dpo_with_lora_references_the_base_and_publishes_a_merged_model(
     assert first["rewards/chosen"] == 0.0 == first["rewards/rejected"]
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_sft_with_lora_killed_mid_training_resumes_to_the_uninterrupted_result(
     tmp_path,

@@ -92,6 +92,7 @@ def greedy(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
         backend.close()
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_the_adapter_served_by_vllm_replies_as_the_merged_model(tmp_path, base_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer

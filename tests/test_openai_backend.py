@@ -17,7 +17,7 @@ from envs import make_env
 from flywheel.chat import ChatTokenizer
 from flywheel.inference import OpenAIBackend, SamplingSettings
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 
 def free_port() -> int:

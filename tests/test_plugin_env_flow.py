@@ -13,7 +13,7 @@ from flywheel.inference import release_vllm
 from flywheel.records import Trajectory
 from flywheel.storage import ArtifactStore
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 
 def tiny_eto(root, run_name: str, env: dict, rounds: int) -> dict:
