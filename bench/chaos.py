@@ -52,6 +52,7 @@ dpo: {{epochs: 1, max_length: 1024}}
 explore: {{shards: 2}}
 """
 LEFTOVER_WAIT_S = 30  # the watchdog's snapshot, SIGTERM grace and SIGKILL fit in this
+POLL_TIMEOUT_S = 10.0  # a server victim's watcher waits this long for `GET /flywheel`
 SERVER_DOWN_S = (1.0, 8.0)
 # A run still going after this long is hung (the tiny campaign's slowest run took 19 min on 2
 # loaded cores): its process group is killed and the run counted as hung.
@@ -227,6 +228,7 @@ class EnvServer:
         self.config, self.port, self.log, self.env = config, port, log, env
         self.url = f"http://127.0.0.1:{port}"
         self.process: subprocess.Popen | None = None
+        self.polls: list[tuple[float, int | None, float]] = []  # (at s, sessions, seconds taken)
         self.start()
 
     def start(self) -> None:
@@ -255,27 +257,49 @@ class EnvServer:
             os.killpg(self.process.pid, signal.SIGKILL)  # a stopped process dies too
             self.process.wait()
 
-    def open_sessions(self) -> int:
-        """Episodes open on it now (`GET /flywheel`): what a server kill is worth waiting for. The
-        run's log cannot tell: a stage's progress bar reaches it only when the stage ends."""
+    def open_sessions(self, timeout_s: float = POLL_TIMEOUT_S) -> int | None:
+        """Episodes open on it now (`GET /flywheel`): what a server kill is worth waiting for; None
+        when it did not answer in `timeout_s`. The run's log cannot tell: a stage's progress bar
+        reaches it only when the stage ends."""
         import httpx
 
         try:
-            return int(httpx.get(self.url + "/flywheel", timeout=0.5).json().get("sessions", 0))
+            answer = httpx.get(self.url + "/flywheel", timeout=timeout_s).json()
+            return int(answer.get("sessions", 0))
         except (httpx.HTTPError, ValueError, AttributeError):
-            return 0
+            return None
 
     def freeze_when_open(self, flow: subprocess.Popen, frozen: threading.Event) -> None:
         """Freeze it the moment an episode is open on it, polling every 50 ms from a thread of
         its own: an episode's first step follows its creation by one generation (a second), so
         the step's request is then surely in flight when the kill comes (the run's main loop,
-        at load 9, noticed too late: episodes of 3 steps were over)."""
+        at load 9, noticed too late: episodes of 3 steps were over). An unanswered poll is
+        unknown, not "no episode". Every poll's answer and time go into `self.polls`, summed up in
+        the run's record: the last campaign's freezes came as episodes ended, for a reason not
+        found yet (bench/results-chaos.md)."""
+        started = time.monotonic()
         while flow.poll() is None:
-            if self.open_sessions() > 0:
+            asked = time.monotonic()
+            sessions = self.open_sessions()
+            self.polls.append((round(asked - started, 2), sessions, time.monotonic() - asked))
+            if sessions:
                 self.freeze()
                 frozen.set()
                 return
             time.sleep(0.05)
+
+    def poll_summary(self) -> str:
+        """What the watcher saw this run: polls, unanswered ones, the slowest answer, and when
+        the first open episode was seen (s from the run's start)."""
+        if not self.polls:
+            return ""
+        unanswered = sum(sessions is None for _, sessions, _ in self.polls)
+        slowest = max(seconds for _, _, seconds in self.polls)
+        seen = next((at for at, sessions, _ in self.polls if sessions), None)
+        return (
+            f"{len(self.polls)} polls, {unanswered} unanswered, slowest {slowest:.2f} s, "
+            f"episodes first seen at {seen if seen is not None else '-'} s"
+        )
 
     def freeze(self) -> None:
         """SIGSTOP: it still accepts connections but answers nothing, so every request sent to it
@@ -314,6 +338,7 @@ class Attempt:
     left_temp: list[str] = field(default_factory=list)
     watchdog_lines: list[str] = field(default_factory=list)
     hung: bool = False  # still running at the run timeout: its process group was killed
+    watcher: str = ""  # a server victim's watcher: its polls (EnvServer.poll_summary)
 
 
 class Campaign:
@@ -363,6 +388,7 @@ class Campaign:
         appeared: float | None = None
         frozen = threading.Event()
         if plan and plan.victim == "server":
+            self.target_server().polls = []
             watcher = threading.Thread(
                 target=self.target_server().freeze_when_open, args=(flow, frozen), daemon=True
             )
@@ -404,6 +430,8 @@ class Campaign:
             time.sleep(0.2)
         for server in self.servers:
             server.thaw()  # frozen for a kill the run ended before
+        if plan and plan.victim == "server":
+            attempt.watcher = self.target_server().poll_summary()
         attempt.exit_code = flow.returncode
         attempt.seconds = round(time.monotonic() - started, 1)
         attempt.left_processes = self.left_behind(seen, flow.pid)
@@ -492,7 +520,8 @@ def run_campaign(campaign: Campaign, planner: KillPlanner | None, kills: int, lo
             f"attempt {attempt.number}: plan {plan}, killed {attempt.killed or '-'} at "
             f"{attempt.killed_at_s}, exit {attempt.exit_code}{' (hung)' if attempt.hung else ''}, "
             f"{attempt.seconds} s, rounds "
-            f"{attempt.rounds_after}, left {attempt.left_processes} {attempt.left_temp}",
+            f"{attempt.rounds_after}, left {attempt.left_processes} {attempt.left_temp}"
+            + (f", watcher: {attempt.watcher}" if attempt.watcher else ""),
             flush=True,
         )
         if plan and not attempt.killed and planner:

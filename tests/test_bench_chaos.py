@@ -189,6 +189,11 @@ def test_a_frozen_server_holds_requests_in_flight_until_killed_and_comes_back(tm
         assert frozen.is_set()
         with pytest.raises(httpx.TimeoutException):
             httpx.get(server.url + "/", timeout=1.0)
+        # Unanswered is unknown, not "no episode" (a busy server answers late while episodes run)
+        assert server.open_sessions(timeout_s=0.5) is None
+        assert [sessions for _, sessions, _ in server.polls] == [1]
+        assert "1 polls, 0 unanswered" in server.poll_summary()
+        assert "episodes first seen at 0.0 s" in server.poll_summary()
         first = server.process.pid
         server.kill()
         server.start()
