@@ -79,7 +79,7 @@ class WorldPool:
 
 
 # This process's ScienceWorld processes: its episodes', and those the AgentGym compatibility
-# server (envs/agentgym/compat.py) lends its sessions.
+# server (envs/agentgym/compat/sciworld.py) lends its sessions.
 worlds = WorldPool()
 
 

@@ -21,11 +21,14 @@ import json
 import os
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
 
 from envs import make_env
+from envs.agentgym.compat import AgentGymService, CompatOptions, compat_service
+from envs.agentgym.protocol import Dialect
 from envs.agentgym.server import LocalServer, create_app, main
 
 DATA = Path(__file__).parent / "data" / "agentgym"
@@ -223,6 +226,43 @@ def test_serve_env_compat_flag_starts_and_refuses_what_it_cannot_serve(textcraft
     assert "need the scienceworld environment" in capsys.readouterr().err
 
 
+# ---- Which emulation answers: the one the dialect names -----------------------------------------
+
+
+class OneTaskDialect(Dialect):
+    """A family that no file in envs/agentgym/ knows: its emulation lives in this module."""
+
+    name = "onetask"
+    served_env = "onetask"
+    emulation = f"{__name__}:OneTaskService"
+
+
+class UnemulatedDialect(OneTaskDialect):
+    name = "unemulated"
+    emulation = None
+
+
+class OneTaskService(AgentGymService):
+    """The least an emulation has: a greeting, one task, the routes every emulation answers."""
+
+    hello_text = "This is environment OneTask."
+    dialect = OneTaskDialect()
+
+    def __init__(self, env, session_ttl_s, sequential_ids=False, options=None):
+        super().__init__(env, ["the-task"], session_ttl_s, sequential_ids)
+
+
+def test_compat_serves_the_emulation_its_dialect_names():
+    env = types.SimpleNamespace(name="onetask")
+    service = compat_service("agentgym", env, OneTaskService.dialect, session_ttl_s=60)
+    assert type(service) is OneTaskService
+    assert service.hello() == "This is environment OneTask."
+    assert service.info()["dialect"] == "onetask" and service.tasks == ["the-task"]
+    spoken = "speaks the textcraft and sciworld dialects, not 'unemulated'"
+    with pytest.raises(ValueError, match=spoken):
+        compat_service("agentgym", env, UnemulatedDialect(), session_ttl_s=60)
+
+
 def test_flywheels_own_clients_refuse_a_compat_server(textcraft_server):
     from envs.agentgym.client import RemoteEnv
 
@@ -268,7 +308,7 @@ def recipes_folder_with(tmp_path: Path) -> Path:
 def test_directory_listing_numbers_goals_in_the_folders_own_order(tmp_path, monkeypatch):
     """AgentGym's goals are sorted by depth, stably: goals of equal depth keep the order their
     files were read in, and of a cycle the file read first keeps its recipe."""
-    from envs.agentgym.compat import CompatOptions, agentgym_textcraft
+    from envs.agentgym.compat.textcraft import agentgym_textcraft
 
     checkout = str(recipes_folder_with(tmp_path))
     by_name = agentgym_textcraft(CompatOptions(checkout, "name"))

@@ -74,6 +74,11 @@ class Dialect:
     # Said at the start of `serve-env --compat agentgym` in this dialect, where the emulated
     # server's texts need something of the machine (a hash seed); None when nothing.
     compat_note: str | None = None
+    # The service that `serve-env --compat agentgym` answers with as this family's server:
+    # "module:class", an `envs.agentgym.compat.AgentGymService` subclass; None: no emulation. A
+    # name, imported when such a server starts: the emulation imports its dialect, and the client
+    # and the stages that read dialects need none of it.
+    emulation: str | None = None
 
     # ---- the client: reading a server's answers ----
 
@@ -136,7 +141,7 @@ class Dialect:
     def mistakes(self, instruction: str, actions: list[str | None]) -> list[bool] | None:
         return None
 
-    # ---- `serve-env --compat agentgym` (envs/agentgym/compat.py emulates the family's server) ----
+    # ---- `serve-env --compat agentgym` (envs/agentgym/compat/ emulates the family's server) ----
 
     def compat_mode(self, options) -> str:
         """What the startup line says of the emulation's options."""

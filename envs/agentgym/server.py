@@ -7,7 +7,7 @@ AgentGym's own clients can use it (TextCraft and SciWorld servers' fields; `--di
 speaks WebShop's), and so can Flywheel's (`env.servers` in a recipe config). `data_idx` indexes
 the environment's train tasks followed by its test tasks. With `--compat agentgym` it answers as
 AgentGym's own TextCraft and SciWorld servers do instead, key for key: their task numbering,
-texts, errors (HTTP 200) and HTTP 422s (envs/agentgym/compat.py), and Flywheel's own clients
+texts, errors (HTTP 200) and HTTP 422s (envs/agentgym/compat/), and Flywheel's own clients
 refuse it; TextCraft's numbering is AgentGym's for recipe files read in name order, or, with
 `--recipe-listing directory`, in the folder's own order as AgentGym reads them (index for index
 with AgentGym's server on the same machine and files: docs/agentgym.md). What follows is the
@@ -253,7 +253,7 @@ def create_app(
     """The service as an ASGI app (Starlette: the protocol is small enough that FastAPI's request
     validation would only add latency; bodies are checked by the service). With `token`, every
     request but `GET /` needs `Authorization: Bearer <token>`. With `compat="agentgym"` it
-    answers as AgentGym's own servers do (envs/agentgym/compat.py), with `compat_options`. With
+    answers as AgentGym's own servers do (envs/agentgym/compat/), with `compat_options`. With
     `sequential_ids` sessions are numbered 0, 1, 2, ... from the start, as AgentGym's are."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
@@ -492,7 +492,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--compat",
         choices=COMPAT_MODES,
         help="answer as AgentGym's own TextCraft and SciWorld servers do: their task numbering, "
-        "texts, errors and HTTP 422s (envs/agentgym/compat.py; default: Flywheel's numbering). "
+        "texts, errors and HTTP 422s (envs/agentgym/compat/; default: Flywheel's numbering). "
         "TextCraft's texts then depend on the hash seed, as AgentGym's do: start with "
         "PYTHONHASHSEED=0 (the AgentGym server too) for texts that match",
     )

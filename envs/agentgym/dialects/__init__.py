@@ -1,5 +1,7 @@
 """One object per AgentGym server family, each in its own file: a new family is a new file
-here, a `Dialect` subclass (envs/agentgym/protocol.py), and its line in `DIALECTS`."""
+here, a `Dialect` subclass (envs/agentgym/protocol.py), and its line in `DIALECTS`. For `serve-env
+--compat agentgym` to emulate the family's server, one more file in envs/agentgym/compat/ (an
+`AgentGymService` subclass), which the dialect's `emulation` names."""
 
 from __future__ import annotations
 

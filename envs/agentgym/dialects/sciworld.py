@@ -19,6 +19,7 @@ class SciWorldDialect(Dialect):
     reward_range = (0.0, 100.0)
     served_env = "scienceworld"
     system_prompt = SCIWORLD_PROMPT
+    emulation = "envs.agentgym.compat.sciworld:AgentGymSciWorldService"
 
     def first_observation(self, answer: Any) -> str:
         observation = answer_text(answer, "observation", "/reset")

@@ -37,6 +37,7 @@ class TextCraftDialect(Dialect):
         "do; start both with the same PYTHONHASHSEED (e.g. PYTHONHASHSEED=0) to get the same "
         "texts, and every server a client moves episodes between"
     )
+    emulation = "envs.agentgym.compat.textcraft:AgentGymTextCraftService"
 
     def task_goal(self, instruction: str) -> str | None:
         """The goal item (`acacia_boat`): AgentGym's numbering depends on the machine the server
