@@ -28,6 +28,13 @@ os.environ.update(
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an extended test is never a fast one
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("extended") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def base_model_dir() -> Path:
     from flywheel.model import convert_base_model
