@@ -19,8 +19,9 @@ def engine_core_processes():
     return [c for c in psutil.Process().children(recursive=True) if "EngineCore" in c.name()]
 
 
+# CI keeps the case the chaos campaign found hanging (a core that cannot answer any more)
 @pytest.mark.parametrize(
-    "core", ["answers", pytest.param("cannot-answer", marks=pytest.mark.extended)]
+    "core", [pytest.param("answers", marks=pytest.mark.extended), "cannot-answer"]
 )
 def test_closing_the_engine_fails_a_generate_call_waiting_in_another_thread(
     core, base_model_dir, chat
