@@ -277,7 +277,7 @@ class EnvServer:
         unknown, not "no episode". Every poll's answer and time go into `self.polls`, summed up in
         the run's record: the last campaign's freezes came as episodes ended, for a reason not
         found yet (bench/results-chaos.md)."""
-        started = time.monotonic()
+        started, self.polls = time.monotonic(), []  # this run's polls only
         while flow.poll() is None:
             asked = time.monotonic()
             sessions = self.open_sessions()
@@ -388,7 +388,6 @@ class Campaign:
         appeared: float | None = None
         frozen = threading.Event()
         if plan and plan.victim == "server":
-            self.target_server().polls = []
             watcher = threading.Thread(
                 target=self.target_server().freeze_when_open, args=(flow, frozen), daemon=True
             )
