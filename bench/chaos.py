@@ -53,10 +53,10 @@ explore: {{shards: 2}}
 """
 LEFTOVER_WAIT_S = 30  # the watchdog's snapshot, SIGTERM grace and SIGKILL fit in this
 POLL_TIMEOUT_S = 10.0  # a server victim's watcher waits this long for `GET /flywheel`
-SERVER_DOWN_S = (1.0, 8.0)
+SERVER_DOWN_S = (1.0, 8.0)  # how long a killed environment server stays down
 # A run still going after this long is hung (the tiny campaign's slowest run took 19 min on 2
 # loaded cores): its process group is killed and the run counted as hung.
-RUN_TIMEOUT_S = 45 * 60  # how long a killed environment server stays down
+RUN_TIMEOUT_S = 45 * 60
 
 # Fields excluded from the comparison, each for a stated reason (see docs/chaos.md).
 # - `published_at` (every manifest, each campaign round): the wall-clock time of publication.
@@ -229,6 +229,7 @@ class EnvServer:
         self.url = f"http://127.0.0.1:{port}"
         self.process: subprocess.Popen | None = None
         self.polls: list[tuple[float, int | None, float]] = []  # (at s, sessions, seconds taken)
+        self.frozen_at = ""  # when its watcher froze it this run (wall clock), if it did
         self.start()
 
     def start(self) -> None:
@@ -277,13 +278,15 @@ class EnvServer:
         unknown, not "no episode". Every poll's answer and time go into `self.polls`, summed up in
         the run's record: the last campaign's freezes came as episodes ended, for a reason not
         found yet (bench/results-chaos.md)."""
-        started, self.polls = time.monotonic(), []  # this run's polls only
+        started, self.polls, self.frozen_at = time.monotonic(), [], ""  # this run's only
         while flow.poll() is None:
             asked = time.monotonic()
             sessions = self.open_sessions()
             self.polls.append((round(asked - started, 2), sessions, time.monotonic() - asked))
             if sessions:
                 self.freeze()
+                # wall clock, to set beside the run log's timestamps (its episodes' progress)
+                self.frozen_at = f"{datetime.now(UTC):%H:%M:%S.%f}"[:-3] + f" UTC ({sessions} open)"
                 frozen.set()
                 return
             time.sleep(0.05)
@@ -299,6 +302,7 @@ class EnvServer:
         return (
             f"{len(self.polls)} polls, {unanswered} unanswered, slowest {slowest:.2f} s, "
             f"episodes first seen at {seen if seen is not None else '-'} s"
+            + (f", frozen at {self.frozen_at}" if self.frozen_at else "")
         )
 
     def freeze(self) -> None:
@@ -377,7 +381,10 @@ class Campaign:
         attempt = Attempt(len(self.attempts) + 1, plan)
         started = time.monotonic()
         with open(log, "a") as out:
-            out.write(f"\n===== attempt {attempt.number}: plan {plan} =====\n")
+            out.write(
+                f"\n===== attempt {attempt.number}: plan {plan}, "
+                f"started {datetime.now(UTC):%H:%M:%S} UTC =====\n"
+            )
             out.flush()
             flow = subprocess.Popen(
                 self.flow_command(),

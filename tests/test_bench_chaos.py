@@ -3,6 +3,7 @@ is named when files differ) and the seeded choice of victims."""
 
 import json
 import os
+import re
 import subprocess
 import threading
 from pathlib import Path
@@ -194,6 +195,7 @@ def test_a_frozen_server_holds_requests_in_flight_until_killed_and_comes_back(tm
         assert [sessions for _, sessions, _ in server.polls] == [1]
         assert "1 polls, 0 unanswered" in server.poll_summary()
         assert "episodes first seen at 0.0 s" in server.poll_summary()
+        assert re.search(r"frozen at \d\d:\d\d:\d\d\.\d{3} UTC \(1 open\)", server.poll_summary())
         first = server.process.pid
         server.kill()
         server.start()
