@@ -195,6 +195,17 @@ def test_a_frozen_server_holds_requests_in_flight_until_killed_and_comes_back(tm
         assert [sessions for _, sessions, _ in server.polls] == [1]
         assert "1 polls, 0 unanswered" in server.poll_summary()
         assert "episodes first seen at 0.0 s" in server.poll_summary()
+        assert "answers: 1 from 0.0 s" in server.poll_summary()
+        server.polls = [
+            (0.0, 0, 0.1),
+            (0.2, 0, 0.1),
+            (0.4, None, 10.0),
+            (10.5, 0, 0.1),
+            (11.0, 2, 0.1),
+        ]
+        assert server.poll_changes() == "0 from 0.0 s, - from 0.4 s, 0 from 10.5 s, 2 from 11.0 s"
+        assert server.poll_changes(most=2) == "0 from 0.0 s, - from 0.4 s, ... (2 more)"
+        server.polls = [(0.0, 1, 0.1)]
         assert re.search(r"frozen at \d\d:\d\d:\d\d\.\d{3} UTC \(1 open\)", server.poll_summary())
         first = server.process.pid
         server.kill()
