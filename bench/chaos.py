@@ -228,7 +228,7 @@ class EnvServer:
         self.config, self.port, self.log, self.env = config, port, log, env
         self.url = f"http://127.0.0.1:{port}"
         self.process: subprocess.Popen | None = None
-        self.polls: list[tuple[float, int | None, float]] = []  # (at s, sessions, seconds taken)
+        self.polls: list[tuple[float, int | None, float]] = []  # (at s, running, seconds taken)
         self.frozen_at = ""  # when its watcher froze it this run (wall clock), if it did
         self.start()
 
@@ -258,50 +258,52 @@ class EnvServer:
             os.killpg(self.process.pid, signal.SIGKILL)  # a stopped process dies too
             self.process.wait()
 
-    def open_sessions(self, timeout_s: float = POLL_TIMEOUT_S) -> int | None:
-        """Episodes open on it now (`GET /flywheel`): what a server kill is worth waiting for; None
-        when it did not answer in `timeout_s`. The run's log cannot tell: a stage's progress bar
-        reaches it only when the stage ends."""
+    def running_episodes(self, timeout_s: float = POLL_TIMEOUT_S) -> int | None:
+        """Episodes on it past their first step and unfinished (`GET /flywheel`, `running`): what
+        a server kill is worth waiting for; None when it did not answer in `timeout_s`. The run's
+        log cannot tell: a stage's progress bar reaches it only when the stage ends."""
         import httpx
 
         try:
             answer = httpx.get(self.url + "/flywheel", timeout=timeout_s).json()
-            return int(answer.get("sessions", 0))
-        except (httpx.HTTPError, ValueError, AttributeError):
+            return int(answer["running"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return None
 
-    def freeze_when_open(self, flow: subprocess.Popen, frozen: threading.Event) -> None:
-        """Freeze it the moment an episode is open on it, polling every 50 ms from a thread of
-        its own: an episode's first step follows its creation by one generation (a second), so
-        the step's request is then surely in flight when the kill comes (the run's main loop,
-        at load 9, noticed too late: episodes of 3 steps were over). An unanswered poll is
-        unknown, not "no episode". Every poll's answer and time go into `self.polls`, summed up in
-        the run's record: the last campaign's freezes came as episodes ended, for a reason not
-        found yet (bench/results-chaos.md)."""
+    def freeze_when_running(self, flow: subprocess.Popen, frozen: threading.Event) -> None:
+        """Freeze it the moment an episode on it has taken a step, polling every 50 ms from a
+        thread of its own: the episode's next step follows within one generation, so it is in
+        flight when the kill comes. Not at an open session: the server counts a session before
+        its `/create` answer is sent, so a freeze then holds the answer and the client, rightly,
+        starts the episode elsewhere as new (no recovery to count: what two campaigns' server
+        kills met, docs/chaos.md). An unanswered poll is unknown, not "none". Every poll's
+        answer and time go into `self.polls`, summed up in the run's record."""
         started, self.polls, self.frozen_at = time.monotonic(), [], ""  # this run's only
         while flow.poll() is None:
             asked = time.monotonic()
-            sessions = self.open_sessions()
-            self.polls.append((round(asked - started, 2), sessions, time.monotonic() - asked))
-            if sessions:
+            running = self.running_episodes()
+            self.polls.append((round(asked - started, 2), running, time.monotonic() - asked))
+            if running:
                 self.freeze()
                 # wall clock, to set beside the run log's timestamps (its episodes' progress)
-                self.frozen_at = f"{datetime.now(UTC):%H:%M:%S.%f}"[:-3] + f" UTC ({sessions} open)"
+                self.frozen_at = (
+                    f"{datetime.now(UTC):%H:%M:%S.%f}"[:-3] + f" UTC ({running} running)"
+                )
                 frozen.set()
                 return
             time.sleep(0.05)
 
     def poll_summary(self) -> str:
         """What the watcher saw this run: polls, unanswered ones, the slowest answer, and when
-        the first open episode was seen (s from the run's start)."""
+        the first running episode was seen (s from the run's start)."""
         if not self.polls:
             return ""
-        unanswered = sum(sessions is None for _, sessions, _ in self.polls)
+        unanswered = sum(running is None for _, running, _ in self.polls)
         slowest = max(seconds for _, _, seconds in self.polls)
-        seen = next((at for at, sessions, _ in self.polls if sessions), None)
+        seen = next((at for at, running, _ in self.polls if running), None)
         return (
             f"{len(self.polls)} polls, {unanswered} unanswered, slowest {slowest:.2f} s, "
-            f"episodes first seen at {seen if seen is not None else '-'} s"
+            f"running episodes first seen at {seen if seen is not None else '-'} s"
             + (f", frozen at {self.frozen_at}" if self.frozen_at else "")
             + f"; answers: {self.poll_changes()}"
         )
@@ -405,7 +407,7 @@ class Campaign:
         frozen = threading.Event()
         if plan and plan.victim == "server":
             watcher = threading.Thread(
-                target=self.target_server().freeze_when_open, args=(flow, frozen), daemon=True
+                target=self.target_server().freeze_when_running, args=(flow, frozen), daemon=True
             )
             watcher.start()
         while flow.poll() is None:

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -172,8 +173,9 @@ def test_a_run_still_going_at_the_run_timeout_is_counted_hung_and_its_group_kill
 
 
 def test_a_frozen_server_holds_requests_in_flight_until_killed_and_comes_back(tmp_path):
-    """The server victim: frozen when episodes start (a request then waits, unanswered), killed,
-    restarted on its port, answering again."""
+    """The server victim: frozen once an episode on it has taken a step (its next step then
+    waits, unanswered), killed, restarted on its port, answering again. An open session alone
+    does not count: the server counts it before its `/create` answer is sent."""
     import httpx
 
     config = tmp_path / "config.yaml"
@@ -181,21 +183,31 @@ def test_a_frozen_server_holds_requests_in_flight_until_killed_and_comes_back(tm
     port = chaos.free_ports(1)[0]
     server = chaos.EnvServer(config, port, tmp_path / "server.log", dict(os.environ))
     try:
-        assert server.open_sessions() == 0
-        episode = httpx.post(server.url + "/create", json={}, timeout=5.0)
-        assert episode.status_code == 200 and server.open_sessions() == 1
+        assert server.running_episodes() == 0
+        env_id = httpx.post(server.url + "/create", json={}, timeout=5.0).json()["id"]
+        httpx.post(server.url + "/reset", json={"id": env_id, "data_idx": 0}, timeout=5.0)
+        assert server.running_episodes() == 0  # open, not stepped
         run, frozen = subprocess.Popen(["sleep", "30"]), threading.Event()
-        server.freeze_when_open(run, frozen)  # an episode is open: frozen at once
+        watcher = threading.Thread(target=server.freeze_when_running, args=(run, frozen))
+        watcher.start()
+        time.sleep(0.3)
+        assert not frozen.is_set()
+        step = httpx.post(server.url + "/step", json={"id": env_id, "action": "inventory"})
+        assert step.status_code == 200
+        watcher.join(timeout=5.0)
         run.kill()
         assert frozen.is_set()
         with pytest.raises(httpx.TimeoutException):
             httpx.get(server.url + "/", timeout=1.0)
-        # Unanswered is unknown, not "no episode" (a busy server answers late while episodes run)
-        assert server.open_sessions(timeout_s=0.5) is None
-        assert [sessions for _, sessions, _ in server.polls] == [1]
-        assert "1 polls, 0 unanswered" in server.poll_summary()
-        assert "episodes first seen at 0.0 s" in server.poll_summary()
-        assert "answers: 1 from 0.0 s" in server.poll_summary()
+        # Unanswered is unknown, not "none" (a busy server answers late while episodes run)
+        assert server.running_episodes(timeout_s=0.5) is None
+        assert {running for _, running, _ in server.polls} == {0, 1}
+        assert server.polls[-1][1] == 1
+        assert ", 0 unanswered" in server.poll_summary()
+        assert "answers: 0 from 0.0 s, 1 from " in server.poll_summary()
+        assert re.search(
+            r"frozen at \d\d:\d\d:\d\d\.\d{3} UTC \(1 running\)", server.poll_summary()
+        )
         server.polls = [
             (0.0, 0, 0.1),
             (0.2, 0, 0.1),
@@ -205,14 +217,13 @@ def test_a_frozen_server_holds_requests_in_flight_until_killed_and_comes_back(tm
         ]
         assert server.poll_changes() == "0 from 0.0 s, - from 0.4 s, 0 from 10.5 s, 2 from 11.0 s"
         assert server.poll_changes(most=2) == "0 from 0.0 s, - from 0.4 s, ... (2 more)"
-        server.polls = [(0.0, 1, 0.1)]
-        assert re.search(r"frozen at \d\d:\d\d:\d\d\.\d{3} UTC \(1 open\)", server.poll_summary())
+        assert "running episodes first seen at 11.0 s" in server.poll_summary()
         first = server.process.pid
         server.kill()
         server.start()
         assert server.process.pid != first
         assert httpx.get(server.url + "/", timeout=5.0).status_code == 200
-        assert server.open_sessions() == 0  # a fresh process: the episode's session is gone
+        assert server.running_episodes() == 0  # a fresh process: the episode is gone
     finally:
         server.thaw()
         server.stop()

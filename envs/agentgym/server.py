@@ -63,6 +63,7 @@ class _Session:
     observation: str = ""
     score: float = 0.0
     done: bool = False
+    steps: int = 0  # of its current episode
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_used: float = field(default_factory=time.monotonic)
 
@@ -111,12 +112,17 @@ class EnvService:
         ]
 
     def info(self) -> dict:
+        with self._lock:
+            sessions = list(self._sessions.values())
         return {
             "env": self.env.name,
             "dialect": self.dialect.name,
             "tasks": len(self.tasks),
             "tasks_sha1": self.digest,
-            "sessions": len(self._sessions),  # episodes open here now (bench/chaos.py waits on it)
+            "sessions": len(self._sessions),  # open here now
+            # Episodes past their first step and not finished: their next step is coming
+            # (bench/chaos.py waits for one; a session alone may still be answering `/create`).
+            "running": sum(1 for s in sessions if s.steps and not s.done),
         }
 
     def hello(self) -> str:
@@ -157,10 +163,11 @@ class EnvService:
             if old is not None:
                 old.close()
             session.episode = self.env.start(self.tasks[index])
-            session.observation, session.score, session.done = (
+            session.observation, session.score, session.done, session.steps = (
                 session.episode.instruction,
                 0.0,
                 False,
+                0,
             )
         return self.dialect.reset_answer(env_id, self.tasks[index], index, session.observation)
 
@@ -177,6 +184,7 @@ class EnvService:
             result = session.episode.step(action)
             session.observation, session.done = result.observation, result.done
             session.score += result.reward
+            session.steps += 1
         return self.dialect.step_answer(result, session.score)
 
     def step_many(self, body: dict) -> dict:
