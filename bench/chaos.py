@@ -75,6 +75,18 @@ TIMING_METRICS = (
 )  # fmt: skip
 
 
+# What a fault cost, recorded where it was met: an episode's moves to another environment server
+# (`recoveries` on its trajectory line; `counts.retried` and `counts.recoveries` in its stage's
+# manifest). They differ from an undisturbed run exactly where a kill met a running episode, so
+# they are listed apart (never hidden), like timing.
+RECOVERY_KEYS = ("recoveries", "retried")
+
+
+def is_recovery_record(problem: str) -> bool:
+    """Whether a difference (`counts.retried`, `line 3: recoveries`) is a recovery record."""
+    return problem.rsplit(": ", 1)[-1].rsplit(".", 1)[-1] in RECOVERY_KEYS
+
+
 def is_timing(path: str) -> bool:
     """Whether a key path names a wall-clock record: a timing metric, or train.log's checksum."""
     parts = path.split(".")
@@ -152,21 +164,22 @@ def compare_stores(reference: Path, candidate: Path) -> dict[str, list[str]]:
     return differences
 
 
-def split_timing(differences: dict[str, list[str]]) -> tuple[dict, dict]:
-    """(timing, other): the differences in wall-clock measurements (TIMING_FILES, is_timing)
-    and all the others, file by file."""
-    timing, other = {}, {}
+def split_differences(differences: dict[str, list[str]]) -> tuple[dict, dict, dict]:
+    """(timing, recovery, other): the differences in wall-clock measurements (TIMING_FILES,
+    is_timing), in recovery records (is_recovery_record), and all the others, file by file."""
+    timing, recovery, other = {}, {}, {}
     for name, problems in differences.items():
         if name.rsplit("/", 1)[-1] in TIMING_FILES and problems not in (["missing"], ["extra"]):
             timing[name] = problems
             continue
-        timed = [p for p in problems if is_timing(p)]
-        rest = [p for p in problems if p not in timed]
-        if timed:
-            timing[name] = timed
-        if rest:
-            other[name] = rest
-    return timing, other
+        for kind, found in (
+            (timing, [p for p in problems if is_timing(p)]),
+            (recovery, [p for p in problems if is_recovery_record(p)]),
+            (other, [p for p in problems if not is_timing(p) and not is_recovery_record(p)]),
+        ):
+            if found:
+                kind[name] = found
+    return timing, recovery, other
 
 
 # Kill plans -------------------------------------------------------------------------------------
@@ -564,8 +577,8 @@ def free_ports(n: int) -> list[int]:
 def compared(differences: dict[str, list[str]] | None) -> str:
     if differences is None:
         return "not compared yet"
-    timing, other = split_timing(differences)
-    return f"{len(other)}, {len(timing)}"
+    timing, recovery, other = split_differences(differences)
+    return f"{len(other)}, {len(timing)}, {len(recovery)}"
 
 
 def episode_recoveries(store: Path) -> tuple[int, int]:
@@ -624,7 +637,8 @@ def results_markdown(args, reference: list[Attempt], chaos: Campaign,
         f"| episodes recovered (moved to another server or re-created), moves | "
         f"{', '.join(map(str, recoveries[0])) if recoveries else '-'} | "
         f"{', '.join(map(str, recoveries[1])) if recoveries else '-'} |",
-        f"| files that differ: in anything but timing, in timing | - | {compared(differences)} |",
+        f"| files that differ: in anything else, in timing, in recovery records | - | "
+        f"{compared(differences)} |",
         "",
         "Compared: every file of both stores; `_MANIFEST.json`, `_FAILED.json` and "
         "`campaign.json` as JSON without `published_at` and `flow_run_id` (wall-clock time, "
@@ -642,12 +656,25 @@ def results_markdown(args, reference: list[Attempt], chaos: Campaign,
             f"| {a.exit_code} | {a.seconds} | {a.rounds_after} | "
             f"{'; '.join(a.left_processes + a.left_temp) or '-'} |"
         )
+    watched = [a for a in chaos.attempts if a.watcher]
+    if watched:
+        lines += [
+            "",
+            "Server watchers (a server victim is frozen once an episode on it has taken "
+            "a step, `GET /flywheel` polled every 50 ms; then killed after the delay):",
+            "",
+        ]
+        lines += [f"- run {a.number}: {a.watcher}" for a in watched]
     lines += ["", "## Differences from the undisturbed store", ""]
     if differences is None:
         lines.append("Not compared yet: the chaos campaign is still running.")
         return "\n".join(lines) + "\n"
-    timing, other = split_timing(differences)
-    for title, found in (("Other than timing", other), ("In wall-clock timing only", timing)):
+    timing, recovery, other = split_differences(differences)
+    for title, found in (
+        ("Other than timing and recovery records", other),
+        ("In wall-clock timing only", timing),
+        ("In recovery records (episodes a server kill moved, RECOVERY_KEYS)", recovery),
+    ):
         lines += [f"{title} ({len(found)} files):", ""]
         for name, problems in found.items():
             shown = problems[:6] + ([f"... {len(problems) - 6} more"] if len(problems) > 6 else [])

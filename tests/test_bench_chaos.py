@@ -116,7 +116,7 @@ def test_trainers_and_vllm_engines_are_told_from_other_processes():
     ]  # fmt: skip
 
 
-def test_differences_in_wall_clock_timing_are_listed_apart_from_the_others():
+def test_differences_in_timing_and_recovery_records_are_listed_apart_from_the_others():
     differences = {
         "run/sft/train.log": ["bytes differ (10 and 11 bytes)"],
         "run/sft/_MANIFEST.json": [
@@ -124,13 +124,19 @@ def test_differences_in_wall_clock_timing_are_listed_apart_from_the_others():
         ],
         "run/dpo/train.log": ["missing"],
         "run/campaign.json": ["rounds[0].evaluations[1][1].metrics.seconds", "rounds[0].policy"],
+        "run/explore/_MANIFEST.json": ["counts.recoveries", "counts.retried", "counts.episodes"],
+        "run/explore/trajectories.jsonl": ["line 2: recoveries", "line 2: reward"],
     }  # fmt: skip
-    assert chaos.split_timing(differences) == (
+    assert chaos.split_differences(differences) == (
         {"run/sft/train.log": ["bytes differ (10 and 11 bytes)"],
          "run/sft/_MANIFEST.json": ["checksums.train.log.sha256", "metrics.train_runtime"],
          "run/campaign.json": ["rounds[0].evaluations[1][1].metrics.seconds"]},
+        {"run/explore/_MANIFEST.json": ["counts.recoveries", "counts.retried"],
+         "run/explore/trajectories.jsonl": ["line 2: recoveries"]},
         {"run/sft/_MANIFEST.json": ["metrics.resumed_from_step"],
-         "run/dpo/train.log": ["missing"], "run/campaign.json": ["rounds[0].policy"]},
+         "run/dpo/train.log": ["missing"], "run/campaign.json": ["rounds[0].policy"],
+         "run/explore/_MANIFEST.json": ["counts.episodes"],
+         "run/explore/trajectories.jsonl": ["line 2: reward"]},
     )  # fmt: skip
 
 
@@ -227,3 +233,19 @@ def test_a_frozen_server_holds_requests_in_flight_until_killed_and_comes_back(tm
     finally:
         server.thaw()
         server.stop()
+
+
+def test_the_results_file_lists_each_server_watcher_line():
+    """The watcher's line (when it froze the server, how its answers changed) is the evidence
+    that a server kill met a running episode: it goes into the results file, not only stdout."""
+    from argparse import Namespace
+
+    campaign = chaos.Campaign.__new__(chaos.Campaign)
+    campaign.attempts = [
+        chaos.Attempt(1, chaos.KillPlan("server", 1.0), killed="server :1 (down 2.0 s)",
+                      exit_code=0, watcher="9 polls, 0 unanswered; answers: 0 from 0.0 s"),
+        chaos.Attempt(2, chaos.KillPlan("flow", 3.0), killed="flow pid 7", exit_code=-9),
+    ]  # fmt: skip
+    text = chaos.results_markdown(Namespace(seed=0, rounds=1), [], campaign, None, 0, "cmd")
+    assert "- run 1: 9 polls, 0 unanswered; answers: 0 from 0.0 s" in text
+    assert "- run 2" not in text
