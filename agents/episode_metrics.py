@@ -51,6 +51,13 @@ def ending_counts(trajectories: list[Trajectory]) -> dict[str, int]:
     for t in trajectories:
         key = "ended_" + t.finish_reason.split(":")[0]
         counts[key] = counts.get(key, 0) + 1
-    counts["retried"] = sum(1 for t in trajectories if t.recoveries)
-    counts["recoveries"] = sum(t.recoveries for t in trajectories)
-    return counts
+    return counts | recovery_counts(trajectories)
+
+
+def recovery_counts(trajectories: list[Trajectory]) -> dict[str, int]:
+    """Episodes that moved to another environment server on the way (`retried`), and their
+    moves (`recoveries`)."""
+    return {
+        "retried": sum(1 for t in trajectories if t.recoveries),
+        "recoveries": sum(t.recoveries for t in trajectories),
+    }

@@ -88,6 +88,7 @@ def expert_trajectory(env: Environment, task_id: str, prefix: list[Message]) -> 
         n_steps=steps,
         source="expert",
         finish_reason="done",
+        recoveries=getattr(episode, "recoveries", 0),  # moves to another environment server
     )
 
 

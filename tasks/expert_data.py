@@ -11,6 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 from tqdm import tqdm
 
+from agents.episode_metrics import recovery_counts
 from agents.eto_format import write_eto_sft
 from agents.rollout import expert_trajectory
 from agents.trajectory_import import import_trajectories, recording_notes, task_goal_reader
@@ -65,6 +66,7 @@ def expert_data_stage(inputs: ExpertDataInputs, run: StageRun) -> StageResult:
         print(import_summary(inputs.expert_file, counts, notes))
     else:
         trajectories, unsolved = collect_expert(make_env(env), task_ids, prefix)
+        counts = recovery_counts(trajectories)  # the expert's episodes may move servers too
     url = store.write_records(run.file("expert.jsonl"), trajectories)
     eto_url = store.write_json(run.file("eto_sft.json"), write_eto_sft(trajectories))
     if unsolved:

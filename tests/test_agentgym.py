@@ -478,3 +478,37 @@ def test_sessions_a_client_abandoned_are_closed_after_their_ttl(textcraft):
     with pytest.raises(ValueError, match=f"unknown environment id {abandoned}"):
         service.step({"id": abandoned, "action": "inventory"})
     service.reset({"id": fresh, "data_idx": 1})  # the new session is untouched
+
+
+def test_an_expert_episode_whose_server_dies_moves_and_counts_its_move(textcraft):
+    """Found by the chaos bench: the expert's episodes run on the servers too, and one killed
+    under them moved without a trace. The trajectory is the undisturbed one's, with its move."""
+    from agents.rollout import expert_trajectory
+
+    task_id = textcraft.task_ids("train")[0]
+    expected = expert_trajectory(textcraft, task_id, [])
+    doomed, survivor = LocalServer("--env", "textcraft"), LocalServer("--env", "textcraft")
+
+    class KilledAfterStart:
+        """The remote environment, with the first episode's server killed once it started."""
+
+        def __init__(self, env):
+            self.env = env
+
+        def __getattr__(self, name):
+            return getattr(self.env, name)
+
+        def start(self, task_id):
+            episode = self.env.start(task_id)
+            assert episode.server.url == doomed.url
+            doomed.kill()
+            return episode
+
+    try:
+        remote = RemoteEnv(textcraft, [doomed.url, survivor.url], FAST)
+        moved = expert_trajectory(KilledAfterStart(remote), task_id, [])
+    finally:
+        doomed.kill()
+        survivor.kill()
+    assert moved.recoveries == 1 and expected.recoveries == 0
+    assert moved.model_dump(exclude={"recoveries"}) == expected.model_dump(exclude={"recoveries"})

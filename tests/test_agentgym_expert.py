@@ -82,7 +82,7 @@ def test_expert_stage_on_agentgym_textcraft_reaches_every_goal(textcraft_server,
     out = StageOutput(store_url=store.root, url=store.url("run/expert"))
     inputs = ExpertDataInputs(env=settings, task_ids=TEXTCRAFT_TASKS, prefix=prefix)
     manifest = expert_data_stage.fn(inputs, out)
-    assert manifest.counts == {"trajectories": 4, "unsolved": 0}
+    assert manifest.counts == {"trajectories": 4, "unsolved": 0, "retried": 0, "recoveries": 0}
     trajectories = store.read_records(manifest.files["trajectories"], Trajectory)
     assert [t.task_id for t in trajectories] == TEXTCRAFT_TASKS
     for trajectory in trajectories:

@@ -210,7 +210,7 @@ def test_a_frozen_server_holds_requests_in_flight_until_killed_and_comes_back(tm
         assert {running for _, running, _ in server.polls} == {0, 1}
         assert server.polls[-1][1] == 1
         assert ", 0 unanswered" in server.poll_summary()
-        assert "answers: 0 from 0.0 s, 1 from " in server.poll_summary()
+        assert re.search(r"answers: 0 from [.\d]+ s, 1 from [.\d]+ s$", server.poll_summary())
         assert re.search(
             r"frozen at \d\d:\d\d:\d\d\.\d{3} UTC \(1 running\)", server.poll_summary()
         )
