@@ -43,7 +43,7 @@ RUN_NAME = "eto-chaos"
 KINDS = ("flow", "trainer", "vllm", "server")
 CONFIG = """\
 run_name: {run_name}
-model: {{base: tiny}}
+model: {{base: {model}}}
 env: {{train_tasks: 4, test_tasks: 3, max_steps: 3, few_shot: 0, servers: {servers}}}
 inference: {{max_tokens: 24, kv_cache_gib: 1}}
 rounds: {rounds}
@@ -599,6 +599,11 @@ def run_campaign(campaign: Campaign, planner: KillPlanner | None, kills: int, lo
 # Main -------------------------------------------------------------------------------------------
 
 
+def campaign_config(servers_yaml: str, rounds: int, model: str = "tiny") -> str:
+    """The campaign's YAML: the tiny ETO campaign on the servers, with `model` as its base."""
+    return CONFIG.format(run_name=RUN_NAME, servers=servers_yaml, rounds=rounds, model=model)
+
+
 def free_ports(n: int) -> list[int]:
     import socket
 
@@ -747,15 +752,22 @@ def report(args, command: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kills", type=int, default=12)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kills", type=int, default=12, help="kills to plan (default 12)")
+    parser.add_argument("--seed", type=int, default=0, help="the kill planner's seed")
+    parser.add_argument("--rounds", type=int, default=3, help="ETO rounds after round 0")
     parser.add_argument(
         "--run-timeout-s",
         type=float,
         default=RUN_TIMEOUT_S,
         help="a run still going after this long counts as hung and is killed",
     )
+    parser.add_argument(
+        "--model", default="tiny",
+        help="the campaign's base model: 'tiny' (random: its replies never act, so only round "
+        "0's expert episodes run on a server for a server kill to meet) or a built-in or Hub "
+        "model whose SFT'ed policy may act in later rounds too (smollm2-135m: slower; not "
+        "measured yet)",
+    )  # fmt: skip
     parser.add_argument("--work", type=Path, default=None, help="default: a new temp folder")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results-chaos.md")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
@@ -778,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
     ports = free_ports(2)
     config = work / "config.yaml"
     servers_yaml = json.dumps([f"http://127.0.0.1:{p}" for p in ports])
-    config.write_text(CONFIG.format(run_name=RUN_NAME, servers=servers_yaml, rounds=args.rounds))
+    config.write_text(campaign_config(servers_yaml, args.rounds, args.model))
     server_env = {**os.environ, "TMPDIR": str(work)}
     servers = [EnvServer(config, p, work / f"server-{p}.log", server_env) for p in ports]
     reference_work = args.reference_work or work

@@ -278,3 +278,19 @@ def test_the_results_file_lists_each_server_watcher_line():
     text = chaos.results_markdown(Namespace(seed=0, rounds=1), [], campaign, None, 0, "cmd")
     assert "- run 1: 9 polls, 0 unanswered; answers: 0 from 0.0 s" in text
     assert "- run 2" not in text
+
+
+def test_the_campaign_config_validates_as_the_eto_recipe_and_names_its_model(tmp_path):
+    import yaml
+
+    from flows.eto import ETOConfig
+    from flywheel.config_files import validate_config
+
+    text = chaos.campaign_config('["http://127.0.0.1:1"]', 2, "smollm2-135m")
+    config = validate_config(ETOConfig, yaml.safe_load(text))
+    assert config.model.base == "smollm2-135m" and config.rounds == 2
+    assert config.env.servers == ["http://127.0.0.1:1"]
+    assert (
+        validate_config(ETOConfig, yaml.safe_load(chaos.campaign_config("[]", 1))).model.base
+        == "tiny"
+    )
