@@ -119,7 +119,7 @@ class EnvService:
             "dialect": self.dialect.name,
             "tasks": len(self.tasks),
             "tasks_sha1": self.digest,
-            "sessions": len(self._sessions),  # open here now
+            "sessions": len(sessions),  # open here now
             # Episodes past their first step and not finished: their next step is coming
             # (bench/chaos.py waits for one; a session alone may still be answering `/create`).
             "running": sum(1 for s in sessions if s.steps and not s.done),
