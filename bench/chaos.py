@@ -45,7 +45,7 @@ CONFIG = """\
 run_name: {run_name}
 model: {{base: {model}}}
 env: {{train_tasks: 4, test_tasks: 3, max_steps: 3, few_shot: 0, servers: {servers}}}
-inference: {{max_tokens: 24, kv_cache_gib: 1}}
+inference: {{max_tokens: {max_tokens}, kv_cache_gib: 1}}
 rounds: {rounds}
 sft: {{epochs: 1, batch_size: 2, max_length: 1024}}
 dpo: {{epochs: 1, max_length: 1024}}
@@ -601,7 +601,11 @@ def run_campaign(campaign: Campaign, planner: KillPlanner | None, kills: int, lo
 
 def campaign_config(servers_yaml: str, rounds: int, model: str = "tiny") -> str:
     """The campaign's YAML: the tiny ETO campaign on the servers, with `model` as its base."""
-    return CONFIG.format(run_name=RUN_NAME, servers=servers_yaml, rounds=rounds, model=model)
+    # A real model's reply (`Thought: ... Action: craft ...`) needs ~30 tokens; the tiny one's
+    # are noise, cut short.
+    max_tokens = 24 if model == "tiny" else 48
+    return CONFIG.format(run_name=RUN_NAME, servers=servers_yaml, rounds=rounds, model=model,
+                         max_tokens=max_tokens)  # fmt: skip
 
 
 def free_ports(n: int) -> list[int]:

@@ -289,6 +289,7 @@ def test_the_campaign_config_validates_as_the_eto_recipe_and_names_its_model(tmp
     text = chaos.campaign_config('["http://127.0.0.1:1"]', 2, "smollm2-135m")
     config = validate_config(ETOConfig, yaml.safe_load(text))
     assert config.model.base == "smollm2-135m" and config.rounds == 2
+    assert config.inference.max_tokens == 48  # a real model's reply is ~30 tokens
     assert config.env.servers == ["http://127.0.0.1:1"]
     assert (
         validate_config(ETOConfig, yaml.safe_load(chaos.campaign_config("[]", 1))).model.base
