@@ -769,8 +769,8 @@ def main(argv: list[str] | None = None) -> int:
         "--model", default="tiny",
         help="the campaign's base model: 'tiny' (random: its replies never act, so only round "
         "0's expert episodes run on a server for a server kill to meet) or a built-in or Hub "
-        "model whose SFT'ed policy may act in later rounds too (smollm2-135m: slower; not "
-        "measured yet)",
+        "model (smollm2-135m: slower, and after the campaign's one epoch on 4 expert "
+        "trajectories its replies are still invalid: docs/chaos.md)",
     )  # fmt: skip
     parser.add_argument("--work", type=Path, default=None, help="default: a new temp folder")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results-chaos.md")
