@@ -53,6 +53,7 @@ explore: {{shards: 2}}
 """
 LEFTOVER_WAIT_S = 30  # the watchdog's snapshot, SIGTERM grace and SIGKILL fit in this
 POLL_TIMEOUT_S = 10.0  # a server victim's watcher waits this long for `GET /flywheel`
+POLL_EVERY_S = 0.01  # and asks this often: the tiny model's episodes last under a second
 SERVER_DOWN_S = (1.0, 8.0)  # how long a killed environment server stays down
 # A run still going after this long is hung (the tiny campaign's slowest run took 19 min on 2
 # loaded cores): its process group is killed and the run counted as hung.
@@ -179,14 +180,14 @@ def split_differences(differences: dict[str, list[str]]) -> tuple[dict, dict, di
             timing[name] = problems
             continue
         derived = follows_from_recovery(name, problems, recovered)
-        for kind, found in (
-            (timing, [p for p in problems if is_timing(p)]),
-            (recovery, [p for p in problems if is_recovery_record(p) or p in derived]),
-            (other, [p for p in problems if not (is_timing(p) or is_recovery_record(p)
-                                                 or p in derived)]),
-        ):  # fmt: skip
-            if found:
-                kind[name] = found
+        for problem in problems:
+            if is_timing(problem):
+                kind = timing
+            elif is_recovery_record(problem) or problem in derived:
+                kind = recovery
+            else:
+                kind = other
+            kind.setdefault(name, []).append(problem)
     return timing, recovery, other
 
 
@@ -315,17 +316,17 @@ class EnvServer:
             return None
 
     def freeze_when_running(self, flow: subprocess.Popen, frozen: threading.Event) -> None:
-        """Freeze it the moment an episode on it has taken a step, polling every 10 ms from a
-        thread of its own: the episode's next step follows within one generation, so it is in
-        flight when the kill comes. Not at an open session: the server counts a session before
-        its `/create` answer is sent, so a freeze then holds the answer and the client, rightly,
-        starts the episode elsewhere as new (no recovery to count: what two campaigns' server
-        kills met, docs/chaos.md). An unanswered poll is unknown, not "none". Every poll's
-        answer and time go into `self.polls`, summed up in the run's record."""
+        """Freeze it the moment an episode on it has taken a step, polling every POLL_EVERY_S
+        from a thread of its own: the episode's next step follows within one generation, so it
+        is in flight when the kill comes. Not at an open session: no episode may have run on it
+        yet (the server counts a session before its `/create` answer is sent, and an episode
+        whose replies are all invalid never steps), so there is nothing to move: what two
+        campaigns' server kills met, docs/chaos.md. An unanswered poll is unknown, not "none".
+        Every poll's answer and time go into `self.polls`, summed up in the run's record."""
         import httpx
 
-        # One kept-alive connection, polled every 10 ms: the tiny model's episodes run for a
-        # fraction of a second (a new connection and a 50 ms pause per poll missed them all).
+        # One kept-alive connection: a new connection and a 50 ms pause per poll missed every
+        # sub-second episode of a run.
         client = httpx.Client(timeout=POLL_TIMEOUT_S)
         started, self.polls, self.frozen_at = time.monotonic(), [], ""  # this run's only
         while flow.poll() is None:
@@ -340,7 +341,7 @@ class EnvServer:
                 )
                 frozen.set()
                 break
-            time.sleep(0.01)
+            time.sleep(POLL_EVERY_S)
         client.close()
 
     def poll_summary(self) -> str:
@@ -707,7 +708,8 @@ def results_markdown(args, reference: list[Attempt], chaos: Campaign,
         lines += [
             "",
             "Server watchers (a server victim is frozen once an episode on it has taken "
-            "a step, `GET /flywheel` polled every 10 ms; then killed after the delay):",
+            f"a step, `GET /flywheel` polled every {POLL_EVERY_S * 1000:.0f} ms; then killed "
+            "after the delay):",
             "",
         ]
         lines += [f"- run {a.number}: {a.watcher}" for a in watched]
