@@ -44,7 +44,7 @@ KINDS = ("flow", "trainer", "vllm", "server")
 CONFIG = """\
 run_name: {run_name}
 model: {{base: {model}}}
-env: {{train_tasks: 4, test_tasks: 3, max_steps: 3, few_shot: 0, servers: {servers}}}
+env: {{train_tasks: 4, test_tasks: 3, max_steps: 3, few_shot: {few_shot}, servers: {servers}}}
 inference: {{max_tokens: {max_tokens}, kv_cache_gib: 1}}
 rounds: {rounds}
 sft: {{epochs: 1, batch_size: 2, max_length: 1024}}
@@ -603,10 +603,13 @@ def run_campaign(campaign: Campaign, planner: KillPlanner | None, kills: int, lo
 def campaign_config(servers_yaml: str, rounds: int, model: str = "tiny") -> str:
     """The campaign's YAML: the tiny ETO campaign on the servers, with `model` as its base."""
     # A real model's reply (`Thought: ... Action: craft ...`) needs ~30 tokens; the tiny one's
-    # are noise, cut short.
-    max_tokens = 24 if model == "tiny" else 48
+    # are noise, cut short. A real model also gets the demo's worked example in its prompt: with
+    # it the untrained 135M model already writes `Action:` lines, so its episodes step (and a
+    # server kill can meet them) in every round; SFT on the campaign's 4 trajectories alone does
+    # not teach it the format. The tiny random model writes noise either way.
+    tiny = model == "tiny"
     return CONFIG.format(run_name=RUN_NAME, servers=servers_yaml, rounds=rounds, model=model,
-                         max_tokens=max_tokens)  # fmt: skip
+                         max_tokens=24 if tiny else 48, few_shot=0 if tiny else 1)  # fmt: skip
 
 
 def free_ports(n: int) -> list[int]:
