@@ -567,11 +567,27 @@ class RoundSlices(Strict):
 
 
 class EvaluateSettings(Strict):
-    """Which split every policy is evaluated on (docs/evaluation.md)."""
+    """Which split every policy is evaluated on, and how (docs/evaluation.md)."""
 
     # "test" for the reported tables; "validation" (needs env.validation_tasks) while choosing
     # settings, so that no setting is chosen by looking at the test tasks.
     split: Literal["test", "validation"] = "test"
+    # Sampled episodes per held-out task beside the greedy one (0: greedy only), reported in a
+    # table of their own: the success rate over them (pass@1 over k), and each stage against its
+    # start sample by sample. Sample i of every stage draws with the same seeds, so k samples
+    # give k times the paired cells of the greedy table.
+    samples: int = Field(default=0, ge=0)
+    temperature: float = Field(default=1.0, gt=0)  # of the sampled episodes
+    # Also evaluate every policy on harder goals: the test tasks whose expert plan is longer than
+    # env.max_expert_steps (the trained difficulty) and at most this long, in a table of their
+    # own (generalisation beyond what was trained). Test split only.
+    harder_max_expert_steps: int | None = Field(default=None, ge=2)
+
+    def variants(self) -> list[str]:
+        """The evaluations every policy gets beside the greedy one on the split's tasks."""
+        sets = ["", "harder"] if self.harder_max_expert_steps else [""]
+        modes = ["", "sampled"] if self.samples else [""]
+        return ["-".join(p for p in (s, m) if p) for s in sets for m in modes][1:]
 
     @property
     def folder(self) -> str:

@@ -20,7 +20,14 @@ from flywheel.records import Campaign, CampaignRound, Manifest
 from flywheel.stage import StageOutput
 from ops.campaign import new_round, run_campaign
 from ops.runner import recipe_config, run_tracked
-from tasks.evaluate import EvaluateInputs, evaluate_stage, evaluation_splits
+from tasks.evaluate import (
+    EvaluateInputs,
+    evaluate_stage,
+    evaluation_splits,
+    harder_tasks,
+    variant_inputs,
+    variant_label,
+)
 from tasks.expert_data import ExpertDataInputs, expert_data_stage
 from tasks.prepare_model import model_stage_url, prepare_model_inputs, prepare_model_stage
 from tasks.report import report_stage
@@ -72,7 +79,13 @@ class Recipe:
         # The held-out task lists; every policy is evaluated on `evaluate.split`'s.
         self.splits = evaluation_splits(self.env, cfg.env, cfg.seed)
         self.evaluation_ids = self.splits[cfg.evaluate.split]
+        longest = cfg.evaluate.harder_max_expert_steps
+        self.harder_ids = harder_tasks(self.env, cfg.env, longest) if longest else None
+        if self.harder_ids:
+            self.splits["harder"] = self.harder_ids
         self.prefix = agent_prefix(self.env, [])
+        # The variants' evaluations (`evaluate`) not yet handed to a round (`take_variants`).
+        self.pending_variants: list[tuple[str, Manifest]] = []
 
     def start(self) -> RoundResult:
         raise NotImplementedError
@@ -88,14 +101,28 @@ class Recipe:
         )  # fmt: skip
 
     def evaluate(self, label: str, model_url: str, prefix=None) -> tuple[str, Manifest]:
-        """The model's greedy episodes on the held-out tasks, a row `label` of the report."""
+        """The model's greedy episodes on the held-out tasks, a row `label` of the report. The
+        variants `evaluate` asks for (sampled episodes, harder goals) run too; the driver adds
+        them to the round's evaluations (`take_variants`), so recipes name only the greedy one."""
         inputs = EvaluateInputs(
             model_url=model_url, env=self.cfg.env, task_ids=self.evaluation_ids,
             prefix=prefix or self.prefix, inference=self.cfg.inference,
             max_steps=self.cfg.env.max_steps,
         )  # fmt: skip
         folder = self.cfg.evaluate.folder  # a split's own: its training stages serve either
-        return label, evaluate_stage(inputs, self.out(f"{folder}/{label}", label))
+        greedy = evaluate_stage(inputs, self.out(f"{folder}/{label}", label))
+        settings = self.cfg.evaluate
+        for variant in settings.variants():
+            named = variant_label(label, variant)
+            varied = variant_inputs(inputs, variant, settings, self.harder_ids, self.cfg.seed)
+            out = self.out(f"{folder}-{variant}/{label}", named)
+            self.pending_variants.append((named, evaluate_stage(varied, out)))
+        return label, greedy
+
+    def take_variants(self) -> list[tuple[str, Manifest]]:
+        """The variants' evaluations run since the last call."""
+        taken, self.pending_variants = self.pending_variants, []
+        return taken
 
     def base_model(self) -> Manifest:
         """The base model as a folder in the store (`<store>/models/<name>`, shared by runs)."""
@@ -146,12 +173,15 @@ class Recipe:
 
 
 def evaluated(recipe: Recipe, round_no: int, result: RoundResult) -> RoundResult:
-    """`result` with its new policy's evaluation added."""
-    if result.policy is None:
-        return result
-    evaluation = recipe.evaluate(recipe.policy_label(round_no), result.policy)
-    recipe.log_curve(evaluation[1].metrics, round_no, "evaluate")
-    return result.model_copy(update={"evaluations": [*result.evaluations, evaluation]})
+    """`result` with its new policy's evaluation added, and every variant evaluation the round
+    ran (of the new policy, and of what the recipe evaluated itself)."""
+    evaluations = list(result.evaluations)
+    if result.policy is not None:
+        evaluation = recipe.evaluate(recipe.policy_label(round_no), result.policy)
+        recipe.log_curve(evaluation[1].metrics, round_no, "evaluate")
+        evaluations.append(evaluation)
+    evaluations += recipe.take_variants()
+    return result.model_copy(update={"evaluations": evaluations})
 
 
 STOPPED = "rounds stopped: a round that trained nothing leaves the policy as it was."

@@ -62,6 +62,28 @@ class RecipeConfig(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _harder_goals_defined(self):
+        harder, trained = self.evaluate.harder_max_expert_steps, self.env.max_expert_steps
+        if harder is None:
+            return self
+        if trained is None:
+            raise ValueError(
+                "evaluate.harder_max_expert_steps needs env.max_expert_steps: harder goals are "
+                "those longer than the trained difficulty, and with it unset every goal is trained"
+            )
+        if harder <= trained:
+            raise ValueError(
+                f"evaluate.harder_max_expert_steps={harder} must exceed env.max_expert_steps="
+                f"{trained}: harder goals are the test tasks whose expert plan is longer"
+            )
+        if self.evaluate.split != "test":
+            raise ValueError(
+                "evaluate.harder_max_expert_steps reads harder goals from the test split: leave "
+                "it unset while tuning on evaluate.split=validation"
+            )
+        return self
+
     @field_validator("expert_file")
     @classmethod
     def _expert_file_url(cls, value: str | None) -> str | None:

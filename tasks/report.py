@@ -14,10 +14,17 @@ import io
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from flywheel.confidence import gained_and_lost, mcnemar_exact, paired_bootstrap, wilson_interval
+from flywheel.confidence import (
+    gained_and_lost,
+    mcnemar_exact,
+    paired_bootstrap_over_seeds,
+    wilson_interval,
+)
+from flywheel.inference import sample_indices
 from flywheel.records import Manifest, Trajectory
 from flywheel.stage import TrackingRef, artifact_key, report_task
 from flywheel.storage import ArtifactStore
+from tasks.evaluate import label_variant, variant_label
 
 
 def results_rows(evaluations: list[tuple[str, Manifest]]) -> list[dict]:
@@ -51,14 +58,21 @@ def markdown_table(rows: list[dict]) -> str:
     )
 
 
-def task_outcomes(store: ArtifactStore, manifest: Manifest) -> dict[str, bool]:
-    """Task id -> solved, from an evaluation's trajectories (one greedy episode per task).
-    Solved is the episode's success, never its reward: QA gives a wrong answer in the right
-    format 0.1."""
+def task_outcomes(store: ArtifactStore, manifest: Manifest) -> list[dict[str, bool]]:
+    """Per sample index, task id -> solved, from an evaluation's trajectories: one dict for a
+    greedy evaluation (one episode per task), k for k sampled episodes per task (a task's
+    episodes are stored in sample order). Solved is the episode's success, never its reward:
+    QA gives a wrong answer in the right format 0.1."""
     url = manifest.files.get("trajectories")
     if url is None:
-        return {}
-    return {t.task_id: t.success for t in store.read_records(url, Trajectory)}
+        return []
+    played = store.read_records(url, Trajectory)
+    samples: list[dict[str, bool]] = []
+    for t, index in zip(played, sample_indices([t.task_id for t in played]), strict=True):
+        if index == len(samples):
+            samples.append({})
+        samples[index][t.task_id] = t.success
+    return samples
 
 
 def started_from(labels: list[str], lineage: list[str], branches: dict[str, str]) -> dict[str, str]:
@@ -82,32 +96,36 @@ def started_from(labels: list[str], lineage: list[str], branches: dict[str, str]
 
 def paired_rows(
     labels: list[str],
-    outcomes: dict[str, dict[str, bool]],
+    outcomes: dict[str, list[dict[str, bool]]],
     starts: dict[str, str],
     resamples: int = 2000,
     seed: int = 0,
 ) -> list[dict]:
-    """Per stage with a start: tasks gained and lost against it, the difference in success
-    rate over the tasks both read, its paired bootstrap 95% interval, the exact McNemar p."""
+    """Per stage with a start: (task, sample) cells gained and lost against it, the difference
+    in success rate over the cells both read, its paired bootstrap 95% interval, the exact
+    McNemar p. Sample i of a stage is paired with sample i of its start (the same seeds); the
+    bootstrap resamples tasks and samples as the efficacy bench resamples tasks and seeds."""
     rows = []
     for label in labels:
         start = starts.get(label)
         if start is None:
             continue
-        before, after = outcomes[start], outcomes[label]
-        shared = len(before.keys() & after.keys())
+        pairs = list(zip(outcomes[start], outcomes[label], strict=False))
+        shared = len(set.intersection(*(b.keys() & a.keys() for b, a in pairs))) if pairs else 0
         if shared == 0:
             continue
-        gained, lost = gained_and_lost(before, after)
-        low, high = paired_bootstrap(before, after, resamples, seed)
+        counts = [gained_and_lost(before, after) for before, after in pairs]
+        gained, lost = sum(g for g, _ in counts), sum(x for _, x in counts)
+        low, high = paired_bootstrap_over_seeds(pairs, resamples, seed)
         rows.append(
             {
                 "stage": label,
                 "started_from": start,
                 "tasks": shared,
+                "samples": len(pairs),
                 "gained": gained,
                 "lost": lost,
-                "difference": round((gained - lost) / shared, 4),
+                "difference": round((gained - lost) / (shared * len(pairs)), 4),
                 "difference_ci95_low": round(low, 4),
                 "difference_ci95_high": round(high, 4),
                 "mcnemar_p": round(mcnemar_exact(gained, lost), 4),
@@ -123,11 +141,17 @@ def paired_table(rows: list[dict]) -> str:
         "|---|---|---:|---:|---:|---:|---|---:|\n"
     )
     return header + "".join(
-        f"| {r['stage']} | {r['started_from']} | {r['tasks']} | {r['gained']} | {r['lost']} "
+        f"| {r['stage']} | {r['started_from']} | {cells(r)} | {r['gained']} | {r['lost']} "
         f"| {r['difference']:+.1%} | {r['difference_ci95_low']:+.1%} to "
         f"{r['difference_ci95_high']:+.1%} | {r['mcnemar_p']:.4f} |\n"
         for r in rows
     )
+
+
+def cells(row: dict) -> str:
+    """The paired cells: `26`, or `26 × 4` for 4 samples per task."""
+    samples = row.get("samples", 1)
+    return f"{row['tasks']} × {samples}" if samples > 1 else str(row["tasks"])
 
 
 def splits_text(evaluated: str, splits: dict[str, list[str]]) -> str:
@@ -194,26 +218,54 @@ def difference_plot(ax, paired: list[dict]) -> None:
     ax.set_title("each stage against the stage it started from")
 
 
+VARIANT_TITLES = {
+    "sampled": "Sampled episodes: success over every task's samples (pass@1 over k)",
+    "harder": "Harder goals (test tasks beyond the trained difficulty), greedy",
+    "harder-sampled": "Harder goals, sampled episodes (pass@1 over k)",
+}
+
+
 def report_tables(
     store: ArtifactStore,
     evaluations: list[tuple[str, Manifest]],
     lineage: list[str],
     branches: dict[str, str],
-) -> tuple[list[dict], list[dict]]:
-    """The rates' rows and the paired rows (each stage against the stage it started from)."""
-    labels = [label for label, _ in evaluations]
-    outcomes = {label: task_outcomes(store, m) for label, m in evaluations}
-    starts = started_from(labels, lineage, branches)
-    return results_rows(evaluations), paired_rows(labels, outcomes, starts)
+) -> dict[str, tuple[list[dict], list[dict]]]:
+    """Per variant ("" for the greedy evaluations of the split's tasks, then "sampled",
+    "harder", ...): the rates' rows and the paired rows (each stage against the stage it
+    started from, both evaluated the same way on the same tasks)."""
+    by_variant: dict[str, list[tuple[str, Manifest]]] = {}
+    for label, manifest in evaluations:
+        by_variant.setdefault(label_variant(label)[1], []).append((label, manifest))
+    tables = {}
+    for variant, group in sorted(by_variant.items(), key=lambda item: item[0] != ""):
+        stages = [label_variant(label)[0] for label, _ in group]
+        outcomes = {
+            stage: task_outcomes(store, m) for stage, (_, m) in zip(stages, group, strict=True)
+        }
+        starts = started_from(stages, lineage, branches)
+        paired = paired_rows(stages, outcomes, starts)
+        for row in paired:  # named as in the rates' table
+            row["stage"], row["started_from"] = (
+                variant_label(row["stage"], variant), variant_label(row["started_from"], variant)
+            )  # fmt: skip
+        tables[variant] = results_rows(group), paired
+    return tables
 
 
 def report_markdown(
-    rows: list[dict], paired: list[dict], evaluated_split: str, splits: dict[str, list[str]]
+    tables: dict[str, tuple[list[dict], list[dict]]],
+    evaluated_split: str,
+    splits: dict[str, list[str]],
 ) -> str:
-    text = markdown_table(rows)
-    if paired:
-        text += "\nEach stage against the stage it started from, task by task:\n\n"
-        text += paired_table(paired)
+    text = ""
+    for variant, (rows, paired) in tables.items():
+        if variant:
+            text += f"\n### {VARIANT_TITLES.get(variant, variant)}\n\n"
+        text += markdown_table(rows)
+        if paired:
+            text += "\nEach stage against the stage it started from, task by task:\n\n"
+            text += paired_table(paired)
     if splits:
         text += "\n" + splits_text(evaluated_split, splits)
     return text
@@ -236,17 +288,20 @@ def report_stage(
     `lineage` and `branches` say which stage started from which (`started_from`); `splits`: the
     evaluation splits' task ids, printed for a reader to check."""
     store = ArtifactStore(store_url)
-    rows, paired = report_tables(store, evaluations, lineage or [], branches or {})
-    table = report_markdown(rows, paired, evaluated_split, splits or {})
+    tables = report_tables(store, evaluations, lineage or [], branches or {})
+    rows, paired = tables.get("", ([], []))
+    table = report_markdown(tables, evaluated_split, splits or {})
     png = success_plot(rows, title, paired, evaluated_split)
-    store.write_json(f"{run_url}/results.json", rows)
-    store.write_json(f"{run_url}/paired.json", paired)
+    for variant, (variant_rows, variant_paired) in tables.items():
+        suffix = f"-{variant}" if variant else ""  # results.json: the greedy table
+        store.write_json(f"{run_url}/results{suffix}.json", variant_rows)
+        store.write_json(f"{run_url}/paired{suffix}.json", variant_paired)
     noted = table + ("\n" + "".join(f"- {n}\n" for n in notes) if notes else "")
     store.write_text(f"{run_url}/results.md", noted)  # the tables, and why rounds stopped
     store.write_bytes(f"{run_url}/success_rate.png", png)
     links = [f"- Artifacts: `{run_url}`"]
     if tracking:
-        log_to_mlflow(tracking, noted, png, rows, paired, evaluated_split)
+        log_to_mlflow(tracking, noted, png, tables, evaluated_split)
         links.append(f"- MLflow run: {tracking.tracker().run_url(tracking.parent_run_id)}")
     image = base64.b64encode(png).decode()
     markdown = "\n".join(
@@ -259,16 +314,20 @@ def report_stage(
     return table
 
 
-def log_to_mlflow(tracking: TrackingRef, noted: str, png: bytes, rows, paired, split) -> None:
+def log_to_mlflow(tracking: TrackingRef, noted: str, png: bytes, tables, split) -> None:
     tracker = tracking.tracker()
     tracker.log_files(
         tracking.parent_run_id, {"results.md": noted.encode(), "success_rate.png": png}
     )
-    for name, table in (("results.json", rows), ("paired.json", paired)):
-        if table:
-            columns = {key: [row[key] for row in table] for key in table[0]}
-            tracker.client.log_table(tracking.parent_run_id, columns, name)
-    for step, row in enumerate(rows):  # "test_success_rate", or "validation_..." while tuning
+    for variant, (rows, paired) in tables.items():
+        suffix = f"-{variant}" if variant else ""
+        for name, table in ((f"results{suffix}.json", rows), (f"paired{suffix}.json", paired)):
+            if table:
+                columns = {key: [row[key] for row in table] for key in table[0]}
+                tracker.client.log_table(tracking.parent_run_id, columns, name)
+    for step, row in enumerate(
+        tables.get("", ([], []))[0]
+    ):  # "test_success_rate", or "validation_..." while tuning
         tracker.log_metrics(
             tracking.parent_run_id, {f"{split}_success_rate": row["success_rate"]}, step
         )

@@ -19,6 +19,7 @@ from tasks.report import (
     report_tables,
     splits_text,
     started_from,
+    task_outcomes,
 )
 from tests.test_qa_rollout import ScriptedQABackend, solver_replies
 
@@ -58,8 +59,9 @@ def test_on_qa_the_success_column_and_the_pairs_read_success_not_reward(chat, tm
     assert before[1].metrics["average_reward"] == pytest.approx(0.1)  # reward and success differ
     assert after[1].metrics["average_reward"] == pytest.approx((1.1 + 0.1) / 2)
 
-    rows, paired = report_tables(store, [before, after], ["warm-start", "rl-round-1"], {})
-    table = report_markdown(rows, paired, "test", {}).splitlines()
+    tables = report_tables(store, [before, after], ["warm-start", "rl-round-1"], {})
+    rows, paired = tables[""]
+    table = report_markdown(tables, "test", {}).splitlines()
     # Success 0 of 2, then 1 of 2: the column shows 0.0% and 50.0%, never 10.0% and 60.0%.
     assert table[2].startswith("| warm-start | 0.0% | 0.0%–65.8% | 0/2 | 0.100 |")
     assert table[3].startswith("| rl-round-1 | 50.0% | 9.4%–90.5% | 1/2 | 0.600 |")
@@ -89,7 +91,7 @@ def test_paired_rows_against_hand_counted_outcomes():
     sft = {t: i < 4 for i, t in enumerate(tasks)}  # t0-t3 solved
     # Round 1 keeps t0-t2, loses t3, gains t4-t6: 3 gained, 1 lost of 10 tasks.
     round_1 = {t: i in (0, 1, 2, 4, 5, 6) for i, t in enumerate(tasks)}
-    outcomes = {"sft": sft, "eto-round-1": round_1}
+    outcomes = {"sft": [sft], "eto-round-1": [round_1]}
     [row] = paired_rows(["sft", "eto-round-1"], outcomes, {"eto-round-1": "sft"}, 400)
     assert {k: row[k] for k in ("stage", "started_from", "tasks", "gained", "lost")} == {
         "stage": "eto-round-1", "started_from": "sft", "tasks": 10, "gained": 3, "lost": 1,
@@ -111,3 +113,58 @@ def test_the_report_names_its_split_and_lists_the_held_out_tasks():
         "- test tasks (1): c",
     ]
     assert "Choose settings on the validation split" in splits_text("test", {"test": ["c"]})
+
+
+def test_sampled_outcomes_pair_sample_by_sample_against_hand_counted_cells():
+    # Two samples of three tasks. Sample 0: sft solves a; round 1 solves a, b (b gained).
+    # Sample 1: sft solves a, c; round 1 solves b (a and c lost, b gained).
+    sft = [{"a": True, "b": False, "c": False}, {"a": True, "b": False, "c": True}]
+    round_1 = [{"a": True, "b": True, "c": False}, {"a": False, "b": True, "c": False}]
+    outcomes = {"sft": sft, "eto-round-1": round_1}
+    [row] = paired_rows(["sft", "eto-round-1"], outcomes, {"eto-round-1": "sft"}, 400)
+    assert (row["tasks"], row["samples"], row["gained"], row["lost"]) == (3, 2, 2, 2)
+    assert row["difference"] == 0.0  # (2 - 2) / 6 cells
+    assert row["mcnemar_p"] == 1.0
+    assert paired_table([row]).splitlines()[2].startswith("| eto-round-1 | sft | 3 × 2 | 2 | 2 |")
+
+
+def sampled_trajectory(task_id: str, success: bool) -> Trajectory:
+    return Trajectory(
+        task_id=task_id, env="textcraft", messages=[], episode_start=0, reward=float(success),
+        success=success, n_steps=1, group_id=task_id,
+    )  # fmt: skip
+
+
+def test_a_sampled_evaluations_outcomes_are_read_per_sample_in_stored_order(tmp_path):
+    store = ArtifactStore(str(tmp_path))
+    # As `run_batched` stores k samples per task: a task's samples in a row, in sample order.
+    played = [sampled_trajectory(t, ok) for t, ok in
+              [("a", True), ("a", False), ("b", False), ("b", True)]]  # fmt: skip
+    outcomes = task_outcomes(store, evaluation(store, "sft@sampled", played))
+    assert outcomes == [{"a": True, "b": False}, {"a": False, "b": True}]
+
+
+def test_each_variant_gets_its_own_tables_comparing_stages_evaluated_the_same_way(tmp_path):
+    store = ArtifactStore(str(tmp_path))
+    greedy = {"sft": [("a", False)], "eto-round-1": [("a", True)]}
+    sampled = {"sft": [("a", True), ("a", True)], "eto-round-1": [("a", False), ("a", True)]}
+    evaluations = [
+        (label, evaluation(store, label, [sampled_trajectory(t, ok) for t, ok in played]))
+        for label, played in [
+            ("sft", greedy["sft"]), ("sft@sampled", sampled["sft"]),
+            ("eto-round-1", greedy["eto-round-1"]),
+            ("eto-round-1@sampled", sampled["eto-round-1"]),
+        ]
+    ]  # fmt: skip
+    tables = report_tables(store, evaluations, ["untrained", "sft", "eto-round-1"], {})
+    assert list(tables) == ["", "sampled"]  # the greedy table first
+    rows, paired = tables["sampled"]
+    assert [r["stage"] for r in rows] == ["sft@sampled", "eto-round-1@sampled"]
+    assert [r["solved"] for r in rows] == ["2/2", "1/2"]
+    [row] = paired  # round 1 against SFT, both sampled: one cell lost
+    assert (row["stage"], row["started_from"], row["gained"], row["lost"]) == (
+        "eto-round-1@sampled", "sft@sampled", 0, 1,
+    )  # fmt: skip
+    assert [(r["gained"], r["lost"]) for r in tables[""][1]] == [(1, 0)]
+    text = report_markdown(tables, "test", {})
+    assert "### Sampled episodes" in text and text.index("| sft |") < text.index("### Sampled")
