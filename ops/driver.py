@@ -70,6 +70,9 @@ class Recipe:
     lineage_start: ClassVar[str] = "untrained"
     # Evaluations of policies trained off the line of rounds -> the evaluation of their start.
     branches: ClassVar[dict[str, str]] = {}
+    # The variants' evaluations (`evaluate`) not yet handed to a round (`take_variants`);
+    # replaced, never mutated, so the class's empty default is never shared.
+    pending_variants: tuple[tuple[str, Manifest], ...] = ()
 
     def __init__(self, cfg, store, tracking):
         self.cfg, self.store, self.tracking = cfg, store, tracking
@@ -84,8 +87,6 @@ class Recipe:
         if self.harder_ids:
             self.splits["harder"] = self.harder_ids
         self.prefix = agent_prefix(self.env, [])
-        # The variants' evaluations (`evaluate`) not yet handed to a round (`take_variants`).
-        self.pending_variants: list[tuple[str, Manifest]] = []
 
     def start(self) -> RoundResult:
         raise NotImplementedError
@@ -116,12 +117,12 @@ class Recipe:
             named = variant_label(label, variant)
             varied = variant_inputs(inputs, variant, settings, self.harder_ids, self.cfg.seed)
             out = self.out(f"{folder}-{variant}/{label}", named)
-            self.pending_variants.append((named, evaluate_stage(varied, out)))
+            self.pending_variants += ((named, evaluate_stage(varied, out)),)
         return label, greedy
 
     def take_variants(self) -> list[tuple[str, Manifest]]:
         """The variants' evaluations run since the last call."""
-        taken, self.pending_variants = self.pending_variants, []
+        taken, self.pending_variants = list(self.pending_variants), ()
         return taken
 
     def base_model(self) -> Manifest:

@@ -131,21 +131,18 @@ def test_a_recipe_runs_every_variant_of_an_evaluation_and_the_report_tables_them
 
 def test_the_driver_adds_the_variants_of_every_evaluation_a_round_ran():
     from flywheel.records import Manifest
-    from ops.driver import RoundResult, evaluated
+    from ops.driver import Recipe, RoundResult, evaluated
 
     def manifest(label: str) -> Manifest:
         return Manifest(stage="evaluate", url=f"file:///run/{label}")
 
-    class Evaluating:  # `Recipe.evaluate`'s bookkeeping, without playing episodes
-        pending: list = []
+    class Evaluating(Recipe):  # `Recipe`'s bookkeeping, without playing episodes
+        def __init__(self):
+            pass
 
         def evaluate(self, label, model_url, prefix=None):
-            self.pending.append((variant_label(label, "sampled"), manifest(label)))
+            self.pending_variants += ((variant_label(label, "sampled"), manifest(label)),)
             return label, manifest(label)
-
-        def take_variants(self):
-            taken, self.pending = self.pending, []
-            return taken
 
         def policy_label(self, round_no):
             return "sft"
