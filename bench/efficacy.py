@@ -1,7 +1,8 @@
-"""Efficacy: does each recipe make the agent better? ETO and Agent-R on TextCraft at a larger budget
-than the demos, over several seeds, on every held-out task of the chosen difficulty.
+"""Efficacy: does each recipe make the agent better? All four recipes, over several seeds, on
+every held-out task of the chosen difficulty: ETO and Agent-R on TextCraft at a larger budget
+than the demos, Agent-R1 and ET-Agent on the QA world at their demos' budget.
 
-Each (recipe, seed) is one ordinary run of the recipe's flow (`python -m flows.eto|agent_r`) in
+Each (recipe, seed) is one ordinary run of the recipe's flow (`python -m flows.<recipe>`) in
 its own process and store folder, so a killed bench resumes where it stopped: finished stages are
 served from their manifests. Then, per stage:
 
@@ -10,20 +11,26 @@ served from their manifests. Then, per stage:
 - against the stage it started from (SFT against untrained, round 1 against SFT, ...; read from
   each run's `paired.json`), pooled over seeds x tasks: tasks gained and lost, the exact McNemar
   p-value on the pooled discordant pairs, and a paired bootstrap interval of the difference;
-- tokens trained to reach the stage (SFT, DPO and revision SFT rows x epochs, cumulative) and the
-  recipe's wall time;
+- tokens trained to reach the stage (SFT, DPO, RL and revision SFT rows x epochs, cumulative)
+  and the recipe's wall time;
 - per seed, whether the orderings the papers predict hold: SFT < ETO round 1 <= ETO round 2, and
   ETO's last round <= Agent-R's last round.
+
+With `--set evaluate.samples=4` (k sampled episodes per held-out task) or `--set
+evaluate.harder_max_expert_steps=8` (TextCraft's harder goals), every run also evaluates those
+variants, and the report gives each its own tables, pooled over seeds x samples x tasks.
 
 It writes a markdown report and a learning-curve plot (rates, and differences from each stage's
 start). The command, machine and date go in it, and so do the split the rates are on and the
 validation and test task ids, checked disjoint from each other and from the train tasks.
 
-Every run holds the same `VALIDATION_TASKS` train tasks out (never trained on). `--split
-validation` evaluates on them: for choosing settings. `--split test` (the default) evaluates on
-the test tasks: for the reported tables only (docs/evaluation.md).
+Every run holds `VALIDATION_TASKS` train tasks out (never trained on). `--split validation`
+evaluates on them: for choosing settings. `--split test` (the default) evaluates on the test
+tasks: for the reported tables only (docs/evaluation.md).
 
-    python -m bench.efficacy                          # 3 seeds, the budget below (2 CPU cores)
+    python -m bench.efficacy                          # 4 recipes x 3 seeds: ~7 h on 2 CPU cores
+    python -m bench.efficacy --recipes eto agent-r    # TextCraft's two, ~2.3 h
+    python -m bench.efficacy --recipes agent-r1 --seeds 0 1 2 --rounds 1
     python -m bench.efficacy --split validation       # the same runs, read on validation
     python -m bench.efficacy --seeds 0 --rounds 1     # one seed, one round: a quick look
     python -m bench.efficacy --gpu                    # one GPU: every train task each round
@@ -39,6 +46,7 @@ import json
 import os
 import platform
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -58,7 +66,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {  # recipe -> (flow module, shipped config)
     "eto": ("flows.eto", "configs/eto_textcraft.yaml"),
     "agent-r": ("flows.agent_r", "configs/agent_r_textcraft.yaml"),
+    "agent-r1": ("flows.agent_r1", "configs/agent_r1_qa.yaml"),
+    "et-agent": ("flows.et_agent", "configs/et_agent_qa.yaml"),
 }
+ENVIRONMENT = {"eto": "textcraft", "agent-r": "textcraft", "agent-r1": "qa", "et-agent": "qa"}
 # The budget on top of the shipped configs: every easy train task less the validation split,
 # every easy held-out task, and (with --rounds 2) twice the demos' rounds. Per recipe, the slice of train tasks a round
 # explores or searches: ETO twice the demo's 16; Agent-R 32 a round, so its two rounds search
@@ -66,14 +77,21 @@ RECIPES = {  # recipe -> (flow module, shipped config)
 # Of the 99 easy train tasks, 20 are held out as the validation split (seeded apart from the
 # run's seed, so every seed holds out the same ones), leaving 79 to train on (train_tasks=null:
 # all that remain; the shipped configs name 99).
-VALIDATION_TASKS = 20
-BUDGET = [
-    "env.train_tasks=null", "env.test_tasks=26", "env.max_expert_steps=4",
-    f"env.validation_tasks={VALIDATION_TASKS}",
-]  # fmt: skip
+# The QA recipes keep their shipped budget (64 solver trajectories of the 330 train questions,
+# 120 or 100 test questions) and hold 40 train questions out, which they never sample or train on.
+VALIDATION_TASKS = {"textcraft": 20, "qa": 40}
+BUDGET = {
+    "textcraft": [
+        "env.train_tasks=null", "env.test_tasks=26", "env.max_expert_steps=4",
+        f"env.validation_tasks={VALIDATION_TASKS['textcraft']}",
+    ],
+    "qa": [f"env.validation_tasks={VALIDATION_TASKS['qa']}"],
+}  # fmt: skip
 RECIPE_BUDGET = {
     "eto": ["explore.tasks_per_round=32"],
     "agent-r": ["mcts.tasks_per_round=32", "baselines=false"],
+    "agent-r1": [],
+    "et-agent": [],
 }
 # On a GPU (--gpu): the papers' way, every train task explored or searched each round, and no
 # layer frozen (freezing only saves CPU time).
@@ -83,6 +101,8 @@ GPU_BUDGET = {
         "mcts.tasks_per_round=99", "baselines=false", "sft.frozen_layers=0",
         "revision_sft.frozen_layers=0",
     ],
+    "agent-r1": ["sft.frozen_layers=0", "rl.frozen_layers=0"],
+    "et-agent": ["sft.frozen_layers=0", "rft.frozen_layers=0", "rl.frozen_layers=0"],
 }  # fmt: skip
 TRAINING_STAGES = ("sft", "round-", "baselines")  # folders whose manifests hold trainer metrics
 
@@ -126,9 +146,22 @@ def split_overrides(split: str) -> list[str]:
 def recipe_settings(recipe: str, args) -> list[str]:
     """Every override a run of `recipe` gets, past its shipped config."""
     return [
-        f"rounds={args.rounds}", *BUDGET, *recipe_budget(recipe, args.gpu),
+        f"rounds={args.rounds}", *BUDGET[ENVIRONMENT[recipe]], *recipe_budget(recipe, args.gpu),
         *split_overrides(args.split), *args.set,
     ]  # fmt: skip
+
+
+def config_model(recipe: str):
+    """The recipe's settings class."""
+    from flows.agent_r import AgentRConfig
+    from flows.agent_r1 import AgentR1Config
+    from flows.et_agent import ETAgentConfig
+    from flows.eto import ETOConfig
+
+    return {
+        "eto": ETOConfig, "agent-r": AgentRConfig, "agent-r1": AgentR1Config,
+        "et-agent": ETAgentConfig,
+    }[recipe]  # fmt: skip
 
 
 def task_splits(recipe: str, overrides: list[str], seed: int) -> dict[str, list[str]]:
@@ -136,13 +169,11 @@ def task_splits(recipe: str, overrides: list[str], seed: int) -> dict[str, list[
     flow computes them; refused when any two share a task."""
     from envs import make_env
     from envs.task_selection import task_list
-    from flows.agent_r import AgentRConfig
-    from flows.eto import ETOConfig
     from flywheel.config_files import load_config
     from tasks.evaluate import evaluation_splits
 
-    model = {"eto": ETOConfig, "agent-r": AgentRConfig}[recipe]
-    settings = load_config(model, str(ROOT / RECIPES[recipe][1]), [*overrides, f"seed={seed}"])
+    config = str(ROOT / RECIPES[recipe][1])
+    settings = load_config(config_model(recipe), config, [*overrides, f"seed={seed}"])
     env = make_env(settings.env)
     splits = {"train": task_list(env, "train", settings.env, seed)}
     splits.update(evaluation_splits(env, settings.env, seed))
@@ -174,19 +205,41 @@ def run_recipe(recipe: str, seed: int, args) -> float:
 
 
 def stage_outcomes(
-    store: Path, recipe: str, seed: int, split: str = "test"
-) -> dict[str, dict[str, bool]]:
-    """Stage label -> task id -> solved, from the run's evaluation trajectories."""
+    store: Path, recipe: str, seed: int, split: str = "test", variant: str = ""
+) -> dict[str, list[dict[str, bool]]]:
+    """Stage label -> per sample, task id -> solved, from the run's evaluation trajectories:
+    the greedy ones (one sample), or `variant`'s (`evaluate.samples`: k samples per task, a
+    task's in sample order; "harder": the harder goals). Stages without that variant are left
+    out."""
     from flywheel.settings import EvaluateSettings
 
     run = store / run_name(recipe, seed)
-    folder, outcomes = run / EvaluateSettings(split=split).folder, {}
+    folder = run / EvaluateSettings(split=split).folder
+    folder = folder.with_name(f"{folder.name}-{variant}") if variant else folder
+    outcomes = {}
     for stage in json.loads((run / "results.json").read_text()):
-        label = stage["stage"]
-        lines = (folder / label / "trajectories.jsonl").read_text().splitlines()
-        records = [json.loads(line) for line in lines if line.strip()]
-        outcomes[label] = {r["task_id"]: bool(r["success"]) for r in records}
+        played = folder / stage["stage"] / "trajectories.jsonl"
+        if not played.exists():
+            continue
+        samples: list[dict[str, bool]] = []
+        for line in played.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                index = sum(record["task_id"] in sample for sample in samples)
+                if index == len(samples):
+                    samples.append({})
+                samples[index][record["task_id"]] = bool(record["success"])
+        outcomes[stage["stage"]] = samples
     return outcomes
+
+
+def variants_present(store: Path, args, seeds: list[int]) -> list[str]:
+    """The evaluation variants every run evaluated ("" for the greedy one, then "sampled",
+    "harder", "harder-sampled" as `evaluate.samples` and `evaluate.harder_max_expert_steps`
+    asked): those whose results file each run of the bench has."""
+    runs = [store / run_name(r, s) for r in args.recipes for s in seeds]
+    candidates = ["sampled", "harder", "harder-sampled"]
+    return [""] + [v for v in candidates if all((r / f"results-{v}.json").exists() for r in runs)]
 
 
 def stage_starts(store: Path, recipe: str, seed: int) -> dict[str, str]:
@@ -221,17 +274,27 @@ def bootstrap_interval(table: list[dict[str, bool]], resamples: int, seed: int =
     return means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
 
 
+def round_number(name: str) -> int | None:
+    """The round of a stage label or trainer folder: `eto-round-2`, `round-2/dpo`, ET-Agent's
+    `stage-2/iteration-1/rl` -> 2; None for round 0's (`sft`, `rft`, `warm-start`)."""
+    match = re.search(r"(?:round|stage)-(\d+)", name)
+    return int(match[1]) if match else None
+
+
 def cumulative_tokens(tokens: dict[str, int], stage: str) -> int:
-    """Tokens trained to reach an evaluated stage: SFT, plus every round up to its own."""
-    total = sum(v for k, v in tokens.items() if k.startswith("sft"))
-    if "round-" in stage:
-        last = int(stage.rsplit("-", 1)[1])
-        total += sum(
-            v
-            for k, v in tokens.items()
-            if k.startswith("round-") and int(k.split("/")[0].split("-")[1]) <= last
-        )
-    return total if stage != "untrained" else 0
+    """Tokens trained to reach an evaluated stage: SFT (the warm start), ET-Agent's RFT after
+    it, then every round up to the stage's own."""
+    if stage == "untrained":
+        return 0
+    top = {folder: folder.split("/")[0] for folder in tokens}
+    total = sum(v for k, v in tokens.items() if top[k] == "sft")
+    if stage in ("sft", "warm-start"):
+        return total
+    total += sum(v for k, v in tokens.items() if top[k] == "rft")
+    last = round_number(stage) or 0
+    return total + sum(
+        v for k, v in tokens.items() if (n := round_number(top[k])) is not None and n <= last
+    )
 
 
 def orderings(per_seed: dict[str, dict[str, float]], rounds: int) -> list[str]:
@@ -315,13 +378,22 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def paired_row(
-    stage: str, start: str, outcomes: dict[int, dict[str, dict[str, bool]]], resamples: int
+    stage: str,
+    start: str,
+    outcomes: dict[int, dict[str, list[dict[str, bool]]]],
+    resamples: int,
 ) -> dict | None:
-    """`stage` against `start`, pooled over the seeds that evaluated both: tasks gained and lost
-    (seed x task cells), the mean difference, its bootstrap interval over seeds x tasks, and the
-    exact McNemar p-value on the pooled discordant cells (which treats the cells as independent;
-    the bootstrap does not)."""
-    pairs = [(o[start], o[stage]) for o in outcomes.values() if stage in o and start in o]
+    """`stage` against `start`, pooled over the seeds that evaluated both (and, with k samples
+    per task, over samples: sample i of one against sample i of the other, the same seeds):
+    cells gained and lost, the mean difference, its bootstrap interval over (seed, sample)
+    rows x tasks, and the exact McNemar p-value on the pooled discordant cells (which treats the
+    cells as independent; the bootstrap does not)."""
+    pairs = [
+        pair
+        for o in outcomes.values()
+        if stage in o and start in o
+        for pair in zip(o[start], o[stage], strict=False)
+    ]
     if not pairs:
         return None
     counts = [gained_and_lost(before, after) for before, after in pairs]
@@ -344,45 +416,66 @@ def paired_line(recipe: str, row: dict) -> str:
 
 
 def splits_lines(args, seeds: list[int]) -> list[str]:
-    """The split the rates are on, and the task lists, checked disjoint for every run."""
-    lists = {
-        (recipe, seed): task_splits(recipe, recipe_settings(recipe, args), seed)
-        for recipe in args.recipes
-        for seed in seeds
-    }
-    first = next(iter(lists.values()))
-    same = all(v == first for v in lists.values())
-    return [
-        f"Rates on the **{args.split}** split (`--split {args.split}`). Every run holds "
-        f"{VALIDATION_TASKS} train tasks out as the validation split and never trains on them; "
-        "settings are chosen on validation, the test split is read only for reported tables.",
-        "",
-        f"- validation tasks ({len(first['validation'])}): {', '.join(first['validation'])}",
-        f"- test tasks ({len(first['test'])}): {', '.join(first['test'])}",
-        f"- train tasks: {len(first['train'])} per run; train, validation and test checked "
-        f"disjoint for every recipe and seed; "
-        + ("the same lists in every run." if same else "the lists differ between runs."),
+    """The split the rates are on, and each environment's task lists, checked disjoint for
+    every run."""
+    lines = [
+        f"Rates on the **{args.split}** split (`--split {args.split}`). Every run holds train "
+        "tasks out as the validation split and never trains on them; settings are chosen on "
+        "validation, the test split is read only for reported tables.",
     ]
+    for environment in dict.fromkeys(ENVIRONMENT[r] for r in args.recipes):
+        recipes = [r for r in args.recipes if ENVIRONMENT[r] == environment]
+        lists = {
+            (recipe, seed): task_splits(recipe, recipe_settings(recipe, args), seed)
+            for recipe in recipes
+            for seed in seeds
+        }
+        first = next(iter(lists.values()))
+        same = all(v == first for v in lists.values())
+        lines += [
+            "",
+            f"{environment} ({', '.join(recipes)}):",
+            "",
+            f"- validation tasks ({len(first['validation'])}): {', '.join(first['validation'])}",
+            f"- test tasks ({len(first['test'])}): {', '.join(first['test'])}",
+            f"- train tasks: {len(first['train'])} per run; train, validation and test checked "
+            f"disjoint for every recipe and seed; "
+            + ("the same lists in every run." if same else "the lists differ between runs."),
+        ]
+    return lines
 
 
-def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None:
+VARIANT_TITLES = {
+    "sampled": "Sampled episodes (`evaluate.samples`): every task's k samples, cells are seeds "
+    "x samples x tasks",
+    "harder": "Harder goals (`evaluate.harder_max_expert_steps`), greedy",
+    "harder-sampled": "Harder goals, sampled episodes",
+}
+
+
+def variant_tables(args, store: Path, seeds: list[int], variant: str):
+    """One evaluation variant's rows, paired rows, curves, paired differences and per-seed
+    rates. With k samples per task each (seed, sample) is a row of the bootstrap, as a seed is."""
     rows, paired, curves, differences = [], [], {}, {}
     per_seed = {s: {} for s in seeds}
     for recipe in args.recipes:
-        outcomes = {s: stage_outcomes(store, recipe, s, args.split) for s in seeds}
+        outcomes = {s: stage_outcomes(store, recipe, s, args.split, variant) for s in seeds}
         tokens = {s: tokens_trained(store, recipe, s) for s in seeds}
         starts = {k: v for s in seeds for k, v in stage_starts(store, recipe, s).items()}
         curves[recipe], differences[recipe] = [], []
         for stage in outcomes[seeds[0]]:
-            table = [outcomes[s][stage] for s in seeds if stage in outcomes[s]]
-            rates = [sum(t.values()) / len(t) for t in table]
-            for s, rate in zip(seeds, rates, strict=False):
+            by_seed = {s: outcomes[s][stage] for s in seeds if stage in outcomes[s]}
+            table = [sample for samples in by_seed.values() for sample in samples]
+            rates = [
+                sum(sum(t.values()) for t in v) / sum(len(t) for t in v) for v in by_seed.values()
+            ]
+            for s, rate in zip(by_seed, rates, strict=True):
                 per_seed[s][f"{recipe}:{stage}"] = rate
             mean = sum(rates) / len(rates)
             low, high = bootstrap_interval(table, args.bootstrap)
             solved, n = sum(sum(t.values()) for t in table), sum(len(t) for t in table)
             w_low, w_high = wilson_interval(solved, n)
-            trained = sum(cumulative_tokens(tokens[s], stage) for s in seeds) / len(table)
+            trained = sum(cumulative_tokens(tokens[s], stage) for s in by_seed) / len(by_seed)
             rows.append(
                 f"| {recipe} | {stage} | {mean:.1%} | {low:.1%}–{high:.1%} | {w_low:.1%}–"
                 f"{w_high:.1%} | {solved}/{n} | {', '.join(f'{r:.0%}' for r in rates)} "
@@ -397,6 +490,36 @@ def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None
             if pair:
                 paired.append(paired_line(recipe, pair))
                 differences[recipe].append(pair)
+    return rows, paired, curves, differences, per_seed
+
+
+RATES_HEADER = [
+    "| recipe | stage | mean success | 95% interval (bootstrap, seeds x tasks) "
+    "| 95% interval (Wilson, pooled episodes) | solved | per seed | tokens trained |",
+    "|---|---|---:|---|---|---:|---|---:|",
+]
+PAIRED_HEADER = [
+    "| recipe | stage | against (its start) | seeds x tasks | gained | lost | difference "
+    "| 95% interval (paired bootstrap, seeds x tasks) | McNemar exact p (pooled) |",
+    "|---|---|---|---:|---:|---:|---:|---|---:|",
+]
+
+
+def variant_section(args, store: Path, seeds: list[int], variant: str) -> list[str]:
+    """A variant's rates and paired tables, under its own heading."""
+    rows, paired, *_ = variant_tables(args, store, seeds, variant)
+    return [
+        f"## {VARIANT_TITLES[variant]}", "", *RATES_HEADER, *rows, "", *PAIRED_HEADER, *paired, "",
+    ]  # fmt: skip
+
+
+def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None:
+    rows, paired, curves, differences, per_seed = variant_tables(args, store, seeds, "")
+    extra = [
+        line
+        for variant in variants_present(store, args, seeds)[1:]
+        for line in variant_section(args, store, seeds, variant)
+    ]
     plot = args.out.with_suffix(".png")
     learning_curve(curves, plot, differences)
     command = "python -m bench.efficacy " + shlex.join(argv if argv is not None else sys.argv[1:])
@@ -407,7 +530,10 @@ def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None
         f"Command: `{command.strip()}` (`make bench-efficacy`). Date: "
         f"{datetime.now(UTC):%Y-%m-%d}. Machine: {os.cpu_count()} CPU cores, "
         f"{platform.machine()}, Python {platform.python_version()}.",
-        f"Budget on top of the shipped configs: `{' '.join(BUDGET + args.set)}`; "
+        "Budget on top of the shipped configs: "
+        + "; ".join(f"{e}: `{' '.join(BUDGET[e])}`" for e in BUDGET)
+        + (f"; every run: `{' '.join(args.set)}`" if args.set else "")
+        + "; "
         + "; ".join(f"{r}: `{' '.join(recipe_budget(r, args.gpu))}`" for r in args.recipes)
         + ", "
         f"{args.rounds} rounds, seeds {seeds}. Wall time (a finished stage is served from "
@@ -415,17 +541,13 @@ def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None
         "",
         *splits_lines(args, seeds),
         "",
-        "| recipe | stage | mean success | 95% interval (bootstrap, seeds x tasks) "
-        "| 95% interval (Wilson, pooled episodes) | solved | per seed | tokens trained |",
-        "|---|---|---:|---|---|---:|---|---:|",
+        *RATES_HEADER,
         *rows,
         "",
         "Each stage against the stage it started from, task by task, pooled over seeds x tasks "
         "(docs/evaluation.md says how to read it):",
         "",
-        "| recipe | stage | against (its start) | seeds x tasks | gained | lost | difference "
-        "| 95% interval (paired bootstrap, seeds x tasks) | McNemar exact p (pooled) |",
-        "|---|---|---|---:|---:|---:|---:|---|---:|",
+        *PAIRED_HEADER,
         *paired,
         "",
         f"![learning curve]({plot.name})",
@@ -433,6 +555,7 @@ def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None
         "Orderings per seed:",
         *orderings(per_seed, args.rounds),
         "",
+        *extra,
     ]
     args.out.write_text("\n".join(report))
     print("\n".join(report))

@@ -15,6 +15,15 @@ def test_tokens_to_reach_a_stage_add_sft_and_every_round_up_to_its_own():
     assert efficacy.cumulative_tokens(tokens, "sft") == 100
     assert efficacy.cumulative_tokens(tokens, "eto-round-1") == 110
     assert efficacy.cumulative_tokens(tokens, "agent-r-round-2") == 135
+    assert efficacy.cumulative_tokens(tokens, "direct-revision") == 100  # trained off SFT
+    # ET-Agent: warm start (sft), RFT, then curriculum stages of RL iterations.
+    tokens = {"sft": 100, "rft": 30, "stage-1/iteration-1/rl": 7, "stage-1/iteration-2/rl": 8,
+              "stage-2/iteration-1/rl": 50}  # fmt: skip
+    assert efficacy.cumulative_tokens(tokens, "warm-start") == 100
+    assert efficacy.cumulative_tokens(tokens, "rft") == 130
+    assert efficacy.cumulative_tokens(tokens, "stage-1") == 145
+    assert efficacy.cumulative_tokens(tokens, "stage-2") == 195
+    assert efficacy.cumulative_tokens({"sft": 100, "round-1/rl": 9}, "rl-round-1") == 109
 
 
 def test_orderings_mark_each_predicted_order_per_seed():
@@ -40,20 +49,33 @@ def test_the_bootstrap_interval_is_a_point_when_every_seed_and_task_agree():
     assert low == 0.0 and high == 1.0  # resampling tasks alone can pick only a, or only b
 
 
-def test_every_budget_is_valid_settings_of_its_recipe():
-    from flows.agent_r import AgentRConfig
-    from flows.eto import ETOConfig
+def test_every_budget_is_valid_settings_of_its_recipe(tmp_path):
     from flywheel.config_files import load_config
 
-    models = {"eto": ETOConfig, "agent-r": AgentRConfig}
+    assert set(efficacy.RECIPES) == {"eto", "agent-r", "agent-r1", "et-agent"}
     for gpu in (False, True):
+        args = arguments(tmp_path, *(["--gpu"] if gpu else []))
         for recipe, (_, config) in efficacy.RECIPES.items():
-            overrides = [*efficacy.BUDGET, *efficacy.recipe_budget(recipe, gpu), "rounds=2"]
-            settings = load_config(models[recipe], str(efficacy.ROOT / config), overrides)
-            assert settings.env.test_tasks == 26 and settings.rounds == 2
+            overrides = efficacy.recipe_settings(recipe, args)
+            model = efficacy.config_model(recipe)
+            settings = load_config(model, str(efficacy.ROOT / config), overrides)
+            assert settings.rounds == 1  # `arguments`' --rounds
+            if efficacy.ENVIRONMENT[recipe] == "qa":
+                assert settings.env.name == "qa" and settings.env.validation_tasks == 40
+                assert (settings.rl.frozen_layers == 0) == gpu
+                continue
+            assert settings.env.test_tasks == 26
             assert settings.env.validation_tasks == 20 and settings.env.train_tasks is None
             slices = settings.explore if recipe == "eto" else settings.mcts
             assert slices.tasks_per_round == (99 if gpu else 32)
+
+
+def test_the_qa_recipes_hold_validation_questions_out_of_what_they_train_on(tmp_path):
+    args = arguments(tmp_path)
+    splits = efficacy.task_splits("agent-r1", efficacy.recipe_settings("agent-r1", args), 0)
+    assert {k: len(v) for k, v in splits.items()} == {"train": 64, "validation": 40, "test": 120}
+    et_agent = efficacy.task_splits("et-agent", efficacy.recipe_settings("et-agent", args), 0)
+    assert et_agent["validation"] == splits["validation"] and len(et_agent["test"]) == 100
 
 
 def arguments(tmp_path, *extra):
@@ -73,7 +95,7 @@ def test_the_split_flag_reaches_the_flows_and_validation_is_held_out_either_way(
         settings = load_config(ETOConfig, config, overrides)
         assert settings.evaluate.split == split
         # Tuning and reporting runs train on the same tasks: validation is held out in both.
-        assert settings.env.validation_tasks == efficacy.VALIDATION_TASKS == 20
+        assert settings.env.validation_tasks == efficacy.VALIDATION_TASKS["textcraft"] == 20
         assert settings.env.train_tasks is None
 
 
@@ -96,8 +118,8 @@ def test_a_planted_overlap_is_refused():
 def test_paired_rows_pool_seeds_and_tasks():
     fails = {"a": False, "b": False, "c": False, "d": False}
     outcomes = {
-        0: {"sft": {**fails, "a": True}, "eto-round-1": {**fails, "b": True, "c": True}},
-        1: {"sft": {**fails, "a": True}, "eto-round-1": {**fails, "a": True}},
+        0: {"sft": [{**fails, "a": True}], "eto-round-1": [{**fails, "b": True, "c": True}]},
+        1: {"sft": [{**fails, "a": True}], "eto-round-1": [{**fails, "a": True}]},
     }
     row = efficacy.paired_row("eto-round-1", "sft", outcomes, 400)
     # Seed 0: b and c gained, a lost; seed 1: no change. 8 cells, 2 gained, 1 lost.
@@ -137,3 +159,33 @@ def test_the_report_gives_paired_rows_and_the_split_it_read(tmp_path):
     assert "| eto | sft | untrained | 4 | 2 | 0 | +50.0% |" in text
     assert "| eto | eto-round-1 | sft | 4 | 1 | 0 | +25.0% |" in text
     assert (tmp_path / "out.png").stat().st_size > 0
+
+
+def test_a_sampled_evaluation_gets_its_own_tables_pooled_over_seeds_and_samples(tmp_path):
+    args = arguments(tmp_path)
+    starts = {"sft": "untrained", "eto-round-1": "sft"}
+    greedy = {"untrained": {"a": False, "b": False}, "sft": {"a": True, "b": False},
+              "eto-round-1": {"a": True, "b": False}}  # fmt: skip
+    # Two samples per task, a task's samples in a row (as `run_batched` stores them). Against
+    # SFT, round 1 gains b in sample 1 on both seeds, and loses a in sample 0 on seed 1.
+    sampled = {
+        "untrained": [("a", False), ("a", False), ("b", False), ("b", False)],
+        "sft": [("a", True), ("a", True), ("b", False), ("b", False)],
+    }
+    for seed in (0, 1):
+        write_run(tmp_path, "eto", seed, greedy, starts)
+        run = tmp_path / efficacy.run_name("eto", seed)
+        (run / "results-sampled.json").write_text("[]")
+        round_1 = [("a", seed == 0), ("a", True), ("b", False), ("b", True)]
+        for stage, played in {**sampled, "eto-round-1": round_1}.items():
+            folder = run / "evaluate-sampled" / stage
+            folder.mkdir(parents=True)
+            lines = [json.dumps({"task_id": t, "success": ok}) for t, ok in played]
+            (folder / "trajectories.jsonl").write_text("\n".join(lines))
+    efficacy.write_report(args, tmp_path, [0, 1], {}, [])
+    text = (tmp_path / "out.md").read_text()
+    greedy_part, sampled_part = text.split("## Sampled episodes")
+    assert "| eto | eto-round-1 | sft | 4 | 0 | 0 | +0.0% |" in greedy_part
+    # 2 seeds x 2 samples x 2 tasks = 8 cells: 2 gained (b, sample 1), 1 lost (a, seed 1).
+    assert "| eto | eto-round-1 | sft | 8 | 2 | 1 | +12.5% |" in sampled_part
+    assert "| eto | sft | 50.0% |" in sampled_part and "| 4/8 | 50%, 50% |" in sampled_part
