@@ -33,6 +33,7 @@ from ops.driver import Recipe, RoundResult, RoundState, run_all_rounds, run_next
 from ops.recipe_config import RecipeConfig
 from ops.runner import cli_main, run_named
 from tasks.explore import ExploreInputs, sample_stage
+from tasks.pool_samples import PoolInputs, pool_samples_stage
 from tasks.rl import RLInputs, rl_stage
 
 
@@ -51,6 +52,33 @@ class SampleSettings(RoundSlices):
     # last level admits every question).
     curriculum: Literal["none", "tool-calls"] = "none"
     temperature: float = Field(default=1.0, gt=0)  # the RL trainer's log-probs assume this too
+    # DAPO's dynamic sampling: while a round's groups hold fewer than this many with both a
+    # success and a failure, sample the next slice of questions too (a sample stage each), up to
+    # `max_slices` slices a round; the RL update trains on all of them. 0: one slice a round.
+    # Round n takes slices (n-1) * max_slices + 1, ..., so rounds never share a slice.
+    min_mixed_groups: int = Field(default=0, ge=0)
+    max_slices: int = Field(default=4, ge=1)
+
+    @model_validator(mode="after")
+    def _dynamic_sampling_needs_slices(self):
+        if self.min_mixed_groups and self.tasks_per_round is None:
+            raise ValueError(
+                "sample.min_mixed_groups samples further slices of questions: set "
+                "sample.tasks_per_round (with it unset, every slice is all of them)"
+            )
+        if self.min_mixed_groups and self.curriculum != "none":
+            raise ValueError(
+                "sample.min_mixed_groups takes the next slices in the seeded order: it needs "
+                "sample.curriculum=none (the tool-call curriculum chooses its own slices)"
+            )
+        return self
+
+    def slices(self, round_no: int) -> list[int]:
+        """The question slices round `round_no` may sample, in order (`round_slice` numbers)."""
+        if not self.min_mixed_groups:
+            return [round_no]
+        first = (round_no - 1) * self.max_slices + 1
+        return list(range(first, first + self.max_slices))
 
 
 class ToolRecipeConfig(RecipeConfig):
@@ -171,11 +199,10 @@ class AgentR1(Recipe):
         )  # fmt: skip
 
     def round(self, state: RoundState) -> RoundResult:
-        """Sample a group of episodes per train question with the policy → RL update."""
+        """Sample a group of episodes per train question with the policy (further slices of
+        questions while too few groups mix, `sample.min_mixed_groups`) → RL update."""
         cfg, n = self.cfg, state.round
-        task_ids = self.round_questions(n)
-        seed = cfg.seed + n * 1000
-        sampled = self.sample(state.policy, task_ids, seed, f"round-{n}/sample", f"round-{n}")
+        sampled = self.sample_slices(state.policy, n)
         self.log_curve(sampled.metrics, n, "rollout")
         if sampled.metrics.get("zero_variance_groups", 1.0) >= 1.0:
             return RoundResult(
@@ -196,6 +223,33 @@ class AgentR1(Recipe):
         policy = self.rl(state.policy, sampled.files["trajectories"], n, f"round-{n}")
         return RoundResult(policy=policy.files["model"])
 
+    def sample_slices(self, policy: str, n: int) -> Manifest:
+        """Round `n`'s sampled groups: one slice of questions, or (dynamic sampling) slices in
+        turn until `sample.min_mixed_groups` groups mix or `sample.max_slices` were sampled,
+        pooled into one file. The first slice is the one a round without it samples."""
+        cfg, seed = self.cfg, self.cfg.seed + n * 1000
+        slices, mixed = [], 0
+        for index, number in enumerate(cfg.sample.slices(n)):
+            suffix = f"-{index + 1}" if index else ""  # the first: a plain round's own stage
+            questions = self.round_questions(number)
+            slices.append(
+                self.sample(policy, questions, seed + index, f"round-{n}/sample{suffix}",
+                            f"round-{n}{suffix}")
+            )  # fmt: skip
+            mixed += mixed_groups(slices[-1], cfg.sample.samples_per_task)
+            if mixed >= cfg.sample.min_mixed_groups:
+                break
+        if len(slices) == 1:
+            return slices[0]
+        pooled = pool_samples_stage(
+            PoolInputs(data_urls=[s.files["trajectories"] for s in slices]),
+            self.out(f"round-{n}/pooled", f"round-{n}"),
+        )
+        print(f"round {n}: {len(slices)} slices sampled, {pooled.counts['mixed_groups']} of "
+              f"{pooled.counts['groups']} groups mixed")  # fmt: skip
+        metrics = {**slices[-1].metrics, **pooled_metrics(slices, pooled)}
+        return pooled.model_copy(update={"metrics": metrics})
+
     def rl(
         self, policy: str, data_url: str, n: int, folder: str, step: int | None = None
     ) -> Manifest:
@@ -209,6 +263,26 @@ class AgentR1(Recipe):
 
     def policy_label(self, round_no: int) -> str:
         return "warm-start" if round_no == 0 else f"rl-round-{round_no}"
+
+
+def mixed_groups(sampled: Manifest, samples_per_task: int) -> int:
+    """Groups of a sample stage holding both a success and a failure (from its share)."""
+    groups = sampled.counts.get("episodes", 0) / samples_per_task
+    return round(sampled.metrics.get("mixed_outcome_groups", 0.0) * groups)
+
+
+def pooled_metrics(slices: list[Manifest], pooled: Manifest) -> dict[str, float]:
+    """The round's rollout curve over every slice: episode-weighted means of the slices' rates,
+    the pooled groups' mixed and zero-variance shares, and how many slices it took."""
+    episodes = [s.counts.get("episodes", 0) for s in slices]
+    rates = {
+        name: sum(s.metrics.get(name, 0.0) * e for s, e in zip(slices, episodes, strict=True))
+        / max(sum(episodes), 1)
+        for name in ("success_rate", "average_reward", "zero_variance_groups")
+    }
+    groups = max(pooled.counts["groups"], 1)
+    return {**rates, "mixed_outcome_groups": pooled.counts["mixed_groups"] / groups,
+            "slices": float(len(slices))}  # fmt: skip
 
 
 @flow(name="agent-r1", log_prints=True, flow_run_name=run_named(AgentR1Config))

@@ -73,6 +73,15 @@ class ETAgentConfig(ToolRecipeConfig):
                     raise ValueError(f"{old} is now called {new}: write {new} instead")
         return data
 
+    @model_validator(mode="after")
+    def _no_dynamic_sampling(self):
+        if self.sample.min_mixed_groups:
+            raise ValueError(
+                "sample.min_mixed_groups is Agent-R1's: ET-Agent's calibration keeps only groups "
+                "that mix already (calibration.iterations samples again); leave it unset"
+            )
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _paper_sampling(cls, data):
