@@ -57,7 +57,7 @@ class SampleSettings(RoundSlices):
     # `max_slices` slices a round; the RL update trains on all of them. 0: one slice a round.
     # Round n takes slices (n-1) * max_slices + 1, ..., so rounds never share a slice.
     min_mixed_groups: int = Field(default=0, ge=0)
-    max_slices: int = Field(default=4, ge=1)
+    max_slices: int = Field(default=4, ge=1)  # at most this many slices a round (dynamic sampling)
 
     @model_validator(mode="after")
     def _dynamic_sampling_needs_slices(self):
