@@ -58,7 +58,10 @@ class Trajectory(BaseModel):
     # samples); None outside such a group.
     group_id: str | None = None
     # Times the episode was moved to another environment server (its own died) and replayed.
-    recoveries: int = 0
+    # A record of a fault, not of the episode: never stored (a stage's manifest counts it,
+    # `counts.retried` and `counts.recoveries`), so a server that died under an episode changes
+    # no file's bytes and no cache key downstream of it.
+    recoveries: int = Field(default=0, exclude=True)
     # What the environment measured on the episode (`Episode.metrics`: exact match, tool calls).
     metrics: dict[str, float] = Field(default_factory=dict)
 

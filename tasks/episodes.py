@@ -56,7 +56,9 @@ def rollout_to_store(
     raise_if_lost(trajectories, url)
     endings = ending_counts(trajectories)
     if endings["retried"]:
-        print(f"{stage}: {endings['retried']} episodes moved to another environment server")
+        moved = sorted({t.task_id for t in trajectories if t.recoveries})
+        print(f"{stage}: {endings['retried']} episodes moved to another environment server "
+              f"({', '.join(moved)})")  # fmt: skip
     stats = EpisodeStats.of(trajectories)
     generated = sum(generated_tokens(t) for t in trajectories)
     groups = reward_groups(trajectories)
