@@ -272,8 +272,9 @@ def mixed_groups(sampled: Manifest, samples_per_task: int) -> int:
 
 
 def pooled_metrics(slices: list[Manifest], pooled: Manifest) -> dict[str, float]:
-    """The round's rollout curve over every slice: episode-weighted means of the slices' rates,
-    the pooled groups' mixed and zero-variance shares, and how many slices it took."""
+    """The round's rollout curve over every slice: episode-weighted means of the slices'
+    success rate, reward and zero-variance share, the pooled groups' mixed share, and how many
+    slices it took."""
     episodes = [s.counts.get("episodes", 0) for s in slices]
     rates = {
         name: sum(s.metrics.get(name, 0.0) * e for s, e in zip(slices, episodes, strict=True))
