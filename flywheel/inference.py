@@ -327,6 +327,7 @@ class VLLMBackend:
 
     def close(self) -> None:
         self.closed = True
+        processes = engine_processes()  # before the shutdown orphans the engine core's workers
         engine = getattr(self.llm, "llm_engine", None)
         core = getattr(engine, "engine_core", None)
         shutdown = getattr(engine, "shutdown", None) or getattr(core, "shutdown", None)
@@ -334,6 +335,7 @@ class VLLMBackend:
             shutdown()
         fail_waiting_calls(core)
         del self.llm
+        stop_engine_processes(processes)
         reap_engine_processes()
 
 
@@ -351,6 +353,42 @@ def fail_waiting_calls(core) -> None:
     outputs = getattr(core, "outputs_queue", None)
     if outputs is not None:
         outputs.put_nowait(EngineClosed("the vLLM engine was closed while this call waited on it"))
+
+
+ENGINE_EXIT_S = 10.0  # how long a closed engine's processes get to end before they are killed
+
+
+def engine_processes() -> list:
+    """This process's vLLM descendants (`VLLM::EngineCore` and its `VLLM::Worker`s), as psutil
+    processes. Looked up before a shutdown: once the engine core has died, its workers belong
+    to init and no longer show up as ours."""
+    import psutil
+
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if process.name().startswith("VLLM"):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def stop_engine_processes(processes: list, timeout: float = ENGINE_EXIT_S) -> list[int]:
+    """Wait up to `timeout` for a closed engine's processes to end and kill those still running;
+    the pids killed. vLLM's shutdown ends its engine core without waiting for the workers, and
+    on a loaded machine a clean run's flow could exit before its `VLLM::Worker` did, leaving it
+    to the watchdog (found by the chaos bench)."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(alive, timeout=5)
+    return [process.pid for process in alive]
 
 
 def reap_engine_processes() -> list[int]:
