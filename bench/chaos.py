@@ -603,10 +603,10 @@ def run_campaign(campaign: Campaign, planner: KillPlanner | None, kills: int, lo
 def campaign_config(servers_yaml: str, rounds: int, model: str = "tiny") -> str:
     """The campaign's YAML: the tiny ETO campaign on the servers, with `model` as its base."""
     # A real model's reply (`Thought: ... Action: craft ...`) needs ~30 tokens; the tiny one's
-    # are noise, cut short. A real model also gets the demo's worked example in its prompt: with
-    # it the untrained 135M model already writes `Action:` lines, so its episodes step (and a
-    # server kill can meet them) in every round; SFT on the campaign's 4 trajectories alone does
-    # not teach it the format. The tiny random model writes noise either way.
+    # are noise, cut short. A real model also gets the demo's worked example: with it the
+    # untrained 135M model writes `Action:` lines, so round 0's untrained evaluation steps (and a
+    # server kill can meet it). Trained policies are prompted without examples, and SFT on the
+    # campaign's 4 trajectories does not teach the format (docs/chaos.md).
     tiny = model == "tiny"
     return CONFIG.format(run_name=RUN_NAME, servers=servers_yaml, rounds=rounds, model=model,
                          max_tokens=24 if tiny else 48, few_shot=0 if tiny else 1)  # fmt: skip

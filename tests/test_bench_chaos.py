@@ -290,7 +290,7 @@ def test_the_campaign_config_validates_as_the_eto_recipe_and_names_its_model(tmp
     config = validate_config(ETOConfig, yaml.safe_load(text))
     assert config.model.base == "smollm2-135m" and config.rounds == 2
     assert config.inference.max_tokens == 48  # a real model's reply is ~30 tokens
-    assert config.env.few_shot == 1  # without the worked example its replies never step
+    assert config.env.few_shot == 1  # the untrained model steps only with the worked example
     assert config.env.servers == ["http://127.0.0.1:1"]
     tiny = validate_config(ETOConfig, yaml.safe_load(chaos.campaign_config("[]", 1)))
     assert tiny.model.base == "tiny" and tiny.env.few_shot == 0
