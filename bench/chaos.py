@@ -242,6 +242,13 @@ class KillPlanner:
         victim = self._block.pop()
         return KillPlan(victim, round(self.random.uniform(0, self.max_delay_s[victim]), 1))
 
+    def missed(self, plan: KillPlan) -> None:
+        """A plan whose moment never came (the run ended first) is tried again after the rest of
+        its block: retried at once, a server plan on a campaign whose episodes end before a poll
+        sees them took every run and left the other kinds unplanned (a whole campaign without a
+        kill, 2026-11-27)."""
+        self._block.insert(0, plan.victim)
+
 
 def describe(process) -> str:
     import psutil
@@ -593,7 +600,7 @@ def run_campaign(campaign: Campaign, planner: KillPlanner | None, kills: int, lo
             flush=True,
         )
         if plan and not attempt.killed and planner:
-            planner._block.append(plan.victim)  # missed (the run ended first): try it again
+            planner.missed(plan)
         after_each()
 
 

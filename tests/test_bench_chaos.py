@@ -294,3 +294,14 @@ def test_the_campaign_config_validates_as_the_eto_recipe_and_names_its_model(tmp
     assert config.env.servers == ["http://127.0.0.1:1"]
     tiny = validate_config(ETOConfig, yaml.safe_load(chaos.campaign_config("[]", 1)))
     assert tiny.model.base == "tiny" and tiny.env.few_shot == 0
+
+
+def test_a_missed_plan_is_tried_again_after_the_other_kinds_of_its_block():
+    planner = chaos.KillPlanner(seed=3)
+    first = planner.next()
+    planner.missed(first)  # its run ended before its moment came
+    rest = [planner.next().victim for _ in range(len(chaos.KINDS))]
+    # The other kinds of the block first, then the missed one: never the same victim twice in a
+    # row while others wait.
+    assert sorted(rest[:-1]) == sorted(k for k in chaos.KINDS if k != first.victim)
+    assert rest[-1] == first.victim
