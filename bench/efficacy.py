@@ -212,6 +212,7 @@ def stage_outcomes(
     task's in sample order; "harder": the harder goals). Stages without that variant are left
     out."""
     from flywheel.settings import EvaluateSettings
+    from tasks.report import outcomes_by_sample
 
     run = store / run_name(recipe, seed)
     folder = run / EvaluateSettings(split=split).folder
@@ -221,15 +222,10 @@ def stage_outcomes(
         played = folder / stage["stage"] / "trajectories.jsonl"
         if not played.exists():
             continue
-        samples: list[dict[str, bool]] = []
-        for line in played.read_text().splitlines():
-            if line.strip():
-                record = json.loads(line)
-                index = sum(record["task_id"] in sample for sample in samples)
-                if index == len(samples):
-                    samples.append({})
-                samples[index][record["task_id"]] = bool(record["success"])
-        outcomes[stage["stage"]] = samples
+        records = [json.loads(line) for line in played.read_text().splitlines() if line.strip()]
+        outcomes[stage["stage"]] = outcomes_by_sample(
+            [(r["task_id"], bool(r["success"])) for r in records]
+        )
     return outcomes
 
 

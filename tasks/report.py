@@ -66,12 +66,19 @@ def task_outcomes(store: ArtifactStore, manifest: Manifest) -> list[dict[str, bo
     url = manifest.files.get("trajectories")
     if url is None:
         return []
-    played = store.read_records(url, Trajectory)
+    return outcomes_by_sample([(t.task_id, t.success) for t in store.read_records(url, Trajectory)])
+
+
+def outcomes_by_sample(played: list[tuple[str, bool]]) -> list[dict[str, bool]]:
+    """(task id, solved) per episode, a task's episodes in sample order -> per sample index,
+    task id -> solved."""
     samples: list[dict[str, bool]] = []
-    for t, index in zip(played, sample_indices([t.task_id for t in played]), strict=True):
+    for (task_id, solved), index in zip(
+        played, sample_indices([task_id for task_id, _ in played]), strict=True
+    ):
         if index == len(samples):
             samples.append({})
-        samples[index][t.task_id] = t.success
+        samples[index][task_id] = solved
     return samples
 
 
