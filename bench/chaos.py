@@ -84,7 +84,7 @@ RECOVERY_KEYS = ("recoveries", "retried")
 
 
 def is_recovery_record(problem: str) -> bool:
-    """Whether a difference (`counts.retried`, `line 3: recoveries`) is a recovery record."""
+    """Whether a difference (`counts.retried`, `counts.recoveries`) names a recovery count."""
     return problem.rsplit(": ", 1)[-1].rsplit(".", 1)[-1] in RECOVERY_KEYS
 
 
@@ -167,50 +167,25 @@ def compare_stores(reference: Path, candidate: Path) -> dict[str, list[str]]:
 
 def split_differences(differences: dict[str, list[str]]) -> tuple[dict, dict, dict]:
     """(timing, recovery, other): the differences in wall-clock measurements (TIMING_FILES,
-    is_timing), in recovery records (is_recovery_record) and what follows from them
-    (`follows_from_recovery`), and all the others, file by file."""
-    recovered = {
-        name for name, problems in differences.items()
-        if problems and all(is_recovery_record(p) for p in problems)
-        and not is_json_record(name.rsplit("/", 1)[-1])
-    }  # fmt: skip
+    is_timing), in a manifest's recovery counts (is_recovery_record), and all the others, file
+    by file. A data file holds no recovery record (a trajectory's `recoveries` is never
+    stored), so any difference in one, and so in its checksum and its readers' digests, is
+    another difference."""
     timing, recovery, other = {}, {}, {}
     for name, problems in differences.items():
-        if name.rsplit("/", 1)[-1] in TIMING_FILES and problems not in (["missing"], ["extra"]):
+        file = name.rsplit("/", 1)[-1]
+        if file in TIMING_FILES and problems not in (["missing"], ["extra"]):
             timing[name] = problems
             continue
-        derived = follows_from_recovery(name, problems, recovered)
         for problem in problems:
             if is_timing(problem):
                 kind = timing
-            elif is_recovery_record(problem) or problem in derived:
+            elif is_json_record(file) and is_recovery_record(problem):
                 kind = recovery
             else:
                 kind = other
             kind.setdefault(name, []).append(problem)
     return timing, recovery, other
-
-
-def follows_from_recovery(name: str, problems: list[str], recovered: set[str]) -> set[str]:
-    """A manifest's differences that follow from data files differing only in recovery records
-    (`recovered`, store paths): their checksums in their own stage's manifest, and in a stage
-    that read one, its `upstream` entry and so its `inputs_digest`."""
-    if name.rsplit("/", 1)[-1] != "_MANIFEST.json":
-        return set()
-    folder = name.rsplit("/", 1)[0]
-    derived = set()
-    for problem in problems:
-        if problem.startswith("checksums."):
-            file = problem.removeprefix("checksums.").rsplit(".", 1)[0]  # .sha256, .size
-            if f"{folder}/{file}" in recovered:
-                derived.add(problem)
-        elif problem.startswith("upstream.") and any(
-            problem.endswith("/" + path) for path in recovered
-        ):
-            derived.add(problem)
-    if any(p.startswith("upstream.") for p in derived) and "inputs_digest" in problems:
-        derived.add("inputs_digest")
-    return derived
 
 
 # Kill plans -------------------------------------------------------------------------------------
@@ -732,8 +707,8 @@ def results_markdown(args, reference: list[Attempt], chaos: Campaign,
         ("Other than timing and recovery records", other),
         ("In wall-clock timing only", timing),
         (
-            "In recovery records (episodes a server kill moved, RECOVERY_KEYS), and the checksums "
-            "and input digests of files that differ only in them",
+            "In recovery records (a manifest's counts of the episodes a server kill moved or "
+            "re-created, RECOVERY_KEYS)",
             recovery,
         ),
     ):

@@ -54,12 +54,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from flywheel.confidence import (
-    gained_and_lost,
-    mcnemar_exact,
-    paired_bootstrap_over_seeds,
-    wilson_interval,
-)
+from flywheel.confidence import paired_comparison, wilson_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -392,15 +387,7 @@ def paired_row(
     ]
     if not pairs:
         return None
-    counts = [gained_and_lost(before, after) for before, after in pairs]
-    gained, lost = sum(g for g, _ in counts), sum(lost for _, lost in counts)
-    cells = sum(len(before.keys() & after.keys()) for before, after in pairs)
-    low, high = paired_bootstrap_over_seeds(pairs, resamples)
-    return {
-        "stage": stage, "start": start, "cells": cells, "gained": gained, "lost": lost,
-        "difference": (gained - lost) / cells, "low": low, "high": high,
-        "p": mcnemar_exact(gained, lost),
-    }  # fmt: skip
+    return {"stage": stage, "start": start, **paired_comparison(pairs, resamples)}
 
 
 def paired_line(recipe: str, row: dict) -> str:

@@ -93,6 +93,24 @@ def paired_bootstrap_over_seeds(
     return _percentiles(means)
 
 
+def paired_comparison(
+    pairs: list[tuple[dict[str, bool], dict[str, bool]]], resamples: int = 2000, seed: int = 0
+) -> dict:
+    """Before against after over (before, after) outcome tables of the same tasks (one per seed
+    or sample): the cells both read, the cells gained and lost, the difference in success rate
+    over those cells, its paired bootstrap 95% interval (`paired_bootstrap_over_seeds`) and the
+    exact McNemar p on the pooled discordant cells (which treats cells as independent; the
+    bootstrap does not)."""
+    counts = [gained_and_lost(before, after) for before, after in pairs]
+    gained, lost = sum(g for g, _ in counts), sum(x for _, x in counts)
+    cells = sum(len(before.keys() & after.keys()) for before, after in pairs)
+    low, high = paired_bootstrap_over_seeds(pairs, resamples, seed)
+    return {
+        "cells": cells, "gained": gained, "lost": lost, "difference": (gained - lost) / cells,
+        "low": low, "high": high, "p": mcnemar_exact(gained, lost),
+    }  # fmt: skip
+
+
 def mcnemar_tasks_needed(
     discordant: float, difference: float, alpha: float = 0.05, power: float = 0.8
 ) -> int:

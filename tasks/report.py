@@ -14,12 +14,7 @@ import io
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from flywheel.confidence import (
-    gained_and_lost,
-    mcnemar_exact,
-    paired_bootstrap_over_seeds,
-    wilson_interval,
-)
+from flywheel.confidence import paired_comparison, wilson_interval
 from flywheel.inference import sample_indices
 from flywheel.records import Manifest, Trajectory
 from flywheel.stage import TrackingRef, artifact_key, report_task
@@ -121,21 +116,19 @@ def paired_rows(
         shared = len(set.intersection(*(b.keys() & a.keys() for b, a in pairs))) if pairs else 0
         if shared == 0:
             continue
-        counts = [gained_and_lost(before, after) for before, after in pairs]
-        gained, lost = sum(g for g, _ in counts), sum(x for _, x in counts)
-        low, high = paired_bootstrap_over_seeds(pairs, resamples, seed)
+        compared = paired_comparison(pairs, resamples, seed)
         rows.append(
             {
                 "stage": label,
                 "started_from": start,
                 "tasks": shared,
                 "samples": len(pairs),
-                "gained": gained,
-                "lost": lost,
-                "difference": round((gained - lost) / (shared * len(pairs)), 4),
-                "difference_ci95_low": round(low, 4),
-                "difference_ci95_high": round(high, 4),
-                "mcnemar_p": round(mcnemar_exact(gained, lost), 4),
+                "gained": compared["gained"],
+                "lost": compared["lost"],
+                "difference": round(compared["difference"], 4),
+                "difference_ci95_low": round(compared["low"], 4),
+                "difference_ci95_high": round(compared["high"], 4),
+                "mcnemar_p": round(compared["p"], 4),
             }
         )
     return rows

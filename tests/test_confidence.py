@@ -6,6 +6,7 @@ from flywheel.confidence import (
     mcnemar_tasks_needed,
     paired_bootstrap,
     paired_bootstrap_over_seeds,
+    paired_comparison,
     wilson_interval,
 )
 
@@ -93,3 +94,20 @@ def test_tasks_a_five_point_difference_needs_against_the_formula():
     assert mcnemar_tasks_needed(0.05, 0.05) == 155
     with pytest.raises(ValueError):
         mcnemar_tasks_needed(0.02, 0.05)  # fewer discordant tasks than the difference
+
+
+def test_paired_comparison_pools_hand_counted_cells_over_runs():
+    # Run 0 on a, b, c: b gained, a lost. Run 1 on a, b (c unread after): a gained.
+    pairs = [
+        ({"a": True, "b": False, "c": False}, {"a": False, "b": True, "c": False}),
+        ({"a": False, "b": False}, {"a": True, "b": False}),
+    ]
+    compared = paired_comparison(pairs, 400)
+    assert {k: compared[k] for k in ("cells", "gained", "lost")} == {
+        "cells": 5,
+        "gained": 2,
+        "lost": 1,
+    }
+    assert compared["difference"] == 0.2  # (2 - 1) / 5 cells both read
+    assert compared["p"] == 1.0  # 2 * (1 + 3) / 8, capped
+    assert compared["low"] <= 0.2 <= compared["high"]
