@@ -54,7 +54,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from flywheel.confidence import paired_comparison, wilson_interval
+from flywheel.confidence import paired_comparison, paired_ratio_bootstrap, wilson_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -199,29 +199,52 @@ def run_recipe(recipe: str, seed: int, args) -> float:
     return time.monotonic() - started
 
 
-def stage_outcomes(
+def stage_episodes(
     store: Path, recipe: str, seed: int, split: str = "test", variant: str = ""
-) -> dict[str, list[dict[str, bool]]]:
-    """Stage label -> per sample, task id -> solved, from the run's evaluation trajectories:
-    the greedy ones (one sample), or `variant`'s (`evaluate.samples`: k samples per task, a
-    task's in sample order; "harder": the harder goals). Stages without that variant are left
-    out."""
+) -> dict[str, list[dict[str, dict]]]:
+    """Stage label -> per sample, task id -> the stored episode record, from the run's
+    evaluation trajectories: the greedy ones (one sample), or `variant`'s (`evaluate.samples`:
+    k samples per task, a task's in sample order; "harder": the harder goals). Stages without
+    that variant are left out."""
     from flywheel.settings import EvaluateSettings
     from tasks.report import outcomes_by_sample
 
     run = store / run_name(recipe, seed)
     folder = run / EvaluateSettings(split=split).folder
     folder = folder.with_name(f"{folder.name}-{variant}") if variant else folder
-    outcomes = {}
+    episodes = {}
     for stage in json.loads((run / "results.json").read_text()):
         played = folder / stage["stage"] / "trajectories.jsonl"
         if not played.exists():
             continue
         records = [json.loads(line) for line in played.read_text().splitlines() if line.strip()]
-        outcomes[stage["stage"]] = outcomes_by_sample(
-            [(r["task_id"], bool(r["success"])) for r in records]
-        )
-    return outcomes
+        episodes[stage["stage"]] = outcomes_by_sample([(r["task_id"], r) for r in records])
+    return episodes
+
+
+def stage_outcomes(
+    store: Path, recipe: str, seed: int, split: str = "test", variant: str = ""
+) -> dict[str, list[dict[str, bool]]]:
+    """Stage label -> per sample, task id -> solved (`stage_episodes`)."""
+    return {
+        stage: [{t: bool(r["success"]) for t, r in sample.items()} for sample in samples]
+        for stage, samples in stage_episodes(store, recipe, seed, split, variant).items()
+    }
+
+
+def stage_tool_calls(
+    store: Path, recipe: str, seed: int, split: str = "test", variant: str = ""
+) -> dict[str, list[dict[str, tuple[float, int]]]]:
+    """Stage label -> per sample, task id -> (tool calls, solved 0/1), for the stages whose
+    episodes record their tool calls (the tool environments' `metrics.tool_calls`)."""
+    return {
+        stage: [
+            {t: (r["metrics"]["tool_calls"], int(r["success"])) for t, r in sample.items()}
+            for sample in samples
+        ]
+        for stage, samples in stage_episodes(store, recipe, seed, split, variant).items()
+        if all("tool_calls" in r.get("metrics", {}) for s in samples for r in s.values())
+    }
 
 
 def variants_present(store: Path, args, seeds: list[int]) -> list[str]:
@@ -476,6 +499,63 @@ def variant_tables(args, store: Path, seeds: list[int], variant: str):
     return rows, paired, curves, differences, per_seed
 
 
+def calls_per_correct(tables: list[dict[str, tuple[float, int]]]) -> float | None:
+    calls = sum(c for t in tables for c, _ in t.values())
+    solved = sum(ok for t in tables for _, ok in t.values())
+    return calls / solved if solved else None
+
+
+def efficiency_lines(args, store: Path, seeds: list[int], variant: str) -> list[str]:
+    """For the recipes whose episodes call tools: tool calls per correct answer per stage,
+    pooled over seeds (x samples) x tasks, and against its start the difference with a paired
+    bootstrap interval over seeds x tasks (ET-Agent's aim: fewer calls per correct answer than
+    RFT at no lower success, which the paired success table reads)."""
+    lines = []
+    for recipe in args.recipes:
+        calls = {s: stage_tool_calls(store, recipe, s, args.split, variant) for s in seeds}
+        starts = {k: v for s in seeds for k, v in stage_starts(store, recipe, s).items()}
+        for stage in calls[seeds[0]]:
+            ratio = calls_per_correct([t for s in seeds for t in calls[s].get(stage, [])])
+            start = starts.get(stage)
+            pairs = [
+                pair
+                for s in seeds
+                if stage in calls[s] and start in calls[s]
+                for pair in zip(calls[s][start], calls[s][stage], strict=False)
+            ]
+            compared = "| – | – | – |"
+            if pairs:
+                before = calls_per_correct([b for b, _ in pairs])
+                low, high, undefined = paired_ratio_bootstrap(pairs, args.bootstrap)
+                after = calls_per_correct([a for _, a in pairs])
+                difference = (
+                    f"{after - before:+.1f}" if after is not None and before is not None else "–"
+                )
+                interval = (
+                    "– (no correct answer on one side)"
+                    if undefined == 1
+                    else f"{low:+.1f} to {high:+.1f}"
+                    + (f" ({undefined:.0%} of resamples without a ratio)" if undefined else "")
+                )
+                compared = f"| {start} | {difference} | {interval} |"
+            lines.append(
+                f"| {recipe} | {stage} | {'–' if ratio is None else format(ratio, '.1f')} "
+                + compared
+            )
+    if not lines:
+        return []
+    return [
+        "Tool calls per correct answer (pooled: all calls over all correct answers), and "
+        "against each stage's start:",
+        "",
+        "| recipe | stage | calls per correct answer | against (its start) | difference "
+        "| 95% interval (paired bootstrap, seeds x tasks) |",
+        "|---|---|---:|---|---:|---|",
+        *lines,
+        "",
+    ]
+
+
 RATES_HEADER = [
     "| recipe | stage | mean success | 95% interval (bootstrap, seeds x tasks) "
     "| 95% interval (Wilson, pooled episodes) | solved | per seed | tokens trained |",
@@ -493,6 +573,7 @@ def variant_section(args, store: Path, seeds: list[int], variant: str) -> list[s
     rows, paired, *_ = variant_tables(args, store, seeds, variant)
     return [
         f"## {VARIANT_TITLES[variant]}", "", *RATES_HEADER, *rows, "", *PAIRED_HEADER, *paired, "",
+        *efficiency_lines(args, store, seeds, variant),
     ]  # fmt: skip
 
 
@@ -533,6 +614,7 @@ def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None
         *PAIRED_HEADER,
         *paired,
         "",
+        *efficiency_lines(args, store, seeds, ""),
         f"![learning curve]({plot.name})",
         "",
         "Orderings per seed:",

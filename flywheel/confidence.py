@@ -93,6 +93,38 @@ def paired_bootstrap_over_seeds(
     return _percentiles(means)
 
 
+def paired_ratio_bootstrap(
+    pairs: list[tuple[dict[str, tuple[float, float]], dict[str, tuple[float, float]]]],
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """95% percentile interval of a ratio of sums, after's minus before's, over (before, after)
+    tables of task -> (numerator, denominator) (tool calls, correct answers) of the same tasks,
+    one pair per seed: seeds and tasks resampled as in `paired_bootstrap_over_seeds`. A resample
+    where either side's denominators sum to 0 has no ratio and is left out; the third value is
+    the share of resamples left out (the interval is (nan, nan) when all are)."""
+    if not pairs:
+        raise ValueError("no runs to compare")
+    tasks = sorted(set.intersection(*(set(b) & set(a) for b, a in pairs)))
+    if not tasks:
+        raise ValueError("the two stages share no task")
+    rng = random.Random(seed)
+    differences, undefined = [], 0
+    for _ in range(resamples):
+        runs = [rng.choice(pairs) for _ in pairs]
+        picked = [rng.choice(tasks) for _ in tasks]
+        sums = [
+            [sum(side[t][i] for side in sides for t in picked) for i in (0, 1)]
+            for sides in ([b for b, _ in runs], [a for _, a in runs])
+        ]
+        if sums[0][1] == 0 or sums[1][1] == 0:
+            undefined += 1
+            continue
+        differences.append(sums[1][0] / sums[1][1] - sums[0][0] / sums[0][1])
+    low, high = _percentiles(differences) if differences else (math.nan, math.nan)
+    return low, high, undefined / resamples
+
+
 def paired_comparison(
     pairs: list[tuple[dict[str, bool], dict[str, bool]]], resamples: int = 2000, seed: int = 0
 ) -> dict:

@@ -189,3 +189,37 @@ def test_a_sampled_evaluation_gets_its_own_tables_pooled_over_seeds_and_samples(
     # 2 seeds x 2 samples x 2 tasks = 8 cells: 2 gained (b, sample 1), 1 lost (a, seed 1).
     assert "| eto | eto-round-1 | sft | 8 | 2 | 1 | +12.5% |" in sampled_part
     assert "| eto | sft | 50.0% |" in sampled_part and "| 4/8 | 50%, 50% |" in sampled_part
+
+
+def test_tool_calls_per_correct_answer_pooled_and_paired_against_the_start(tmp_path):
+    args = arguments(tmp_path)
+    args.recipes = ["et-agent"]
+    starts = {"rft": "warm-start", "stage-1": "rft"}
+    played = {  # seed -> stage -> task -> (tool calls, solved)
+        0: {"warm-start": {"a": (0, False), "b": (0, False)},
+            "rft": {"a": (4, True), "b": (2, False)}, "stage-1": {"a": (2, True), "b": (1, False)}},
+        1: {"warm-start": {"a": (1, False), "b": (0, False)},
+            "rft": {"a": (4, True), "b": (4, True)}, "stage-1": {"a": (1, True), "b": (1, True)}},
+    }  # fmt: skip
+    for seed, stages in played.items():
+        write_run(tmp_path, "et-agent", seed, {k: {} for k in stages}, starts)
+        for stage, tasks in stages.items():
+            lines = [
+                json.dumps({"task_id": t, "success": ok, "metrics": {"tool_calls": calls}})
+                for t, (calls, ok) in tasks.items()
+            ]
+            path = tmp_path / efficacy.run_name("et-agent", seed) / "evaluate" / stage
+            (path / "trajectories.jsonl").write_text("\n".join(lines))
+    lines = efficacy.efficiency_lines(args, tmp_path, [0, 1], "")
+    # RFT: 14 calls over 3 correct answers; stage 1: 5 over 3; the warm start answers nothing.
+    assert "| et-agent | warm-start | – | – | – | – |" in lines
+    assert lines[lines.index("| et-agent | warm-start | – | – | – | – |") + 1].startswith(
+        "| et-agent | rft | 4.7 | warm-start | – | – (no correct answer on one side) |"
+    )
+    [stage_1] = [line for line in lines if line.startswith("| et-agent | stage-1 |")]
+    assert stage_1.startswith("| et-agent | stage-1 | 1.7 | rft | -3.0 | ")
+    # a stage without tool calls recorded (TextCraft's) has no row
+    args.recipes = ["eto"]
+    write_run(tmp_path, "eto", 0, {"sft": {"a": True}}, {})
+    write_run(tmp_path, "eto", 1, {"sft": {"a": True}}, {})
+    assert efficacy.efficiency_lines(args, tmp_path, [0, 1], "") == []

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from flywheel.confidence import (
@@ -7,6 +9,7 @@ from flywheel.confidence import (
     paired_bootstrap,
     paired_bootstrap_over_seeds,
     paired_comparison,
+    paired_ratio_bootstrap,
     wilson_interval,
 )
 
@@ -111,3 +114,20 @@ def test_paired_comparison_pools_hand_counted_cells_over_runs():
     assert compared["difference"] == 0.2  # (2 - 1) / 5 cells both read
     assert compared["p"] == 1.0  # 2 * (1 + 3) / 8, capped
     assert compared["low"] <= 0.2 <= compared["high"]
+
+
+def test_paired_ratio_bootstrap_of_calls_per_correct_answer():
+    # Before: every task 2 calls and solved (ratio 2); after: 1 call and solved (ratio 1).
+    # Every resample reads -1: a point.
+    before = {t: (2.0, 1) for t in "abcd"}
+    after = {t: (1.0, 1) for t in "abcd"}
+    assert paired_ratio_bootstrap([(before, after)], 400) == (-1.0, -1.0, 0.0)
+    # Before solves nothing: no resample has a ratio for it.
+    low, high, undefined = paired_ratio_bootstrap([({"a": (3.0, 0)}, {"a": (1.0, 1)})], 50)
+    assert math.isnan(low) and math.isnan(high) and undefined == 1.0
+    # Ratios of sums, not means of ratios: before a (4, 1), b (0, 1) -> 2 per answer; after
+    # a (1, 1), b (1, 1) -> 1. Resamples of (a, a) give -3, (b, b) +1, mixed -1.
+    low, high, undefined = paired_ratio_bootstrap(
+        [({"a": (4.0, 1), "b": (0.0, 1)}, {"a": (1.0, 1), "b": (1.0, 1)})], 400
+    )
+    assert (low, high, undefined) == (-3.0, 1.0, 0.0)
