@@ -62,6 +62,12 @@ def flow_process():
         with stopping_children_on_error():
             yield
     finally:
+        # A clean exit too closes the engine the way `release_vllm` does (its processes looked
+        # up, shut down, waited for, killed): left to the exit handlers, a loaded machine's
+        # `VLLM::Worker` outlived the flow and its watchdog stopped it (the chaos bench).
+        from flywheel.inference import release_vllm
+
+        release_vllm()
         signal.signal(signal.SIGTERM, previous)
         tempfile.tempdir = previous_tempdir
         if previous_env is None:
@@ -100,7 +106,8 @@ def stop_orphaned_engine_processes() -> None:
 
     me = psutil.Process()
     left = []
-    for child in me.children():
+    # Recursive: an engine core's worker is its child, not ours, until the core ends.
+    for child in me.children(recursive=True):
         try:
             described = f"{child.name()} {' '.join(child.cmdline())}"
         except psutil.Error:

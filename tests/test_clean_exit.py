@@ -46,3 +46,53 @@ def test_the_watchdog_counts_no_zombie_as_left_behind(capsys):
     stop_leftovers({child.pid: zombie.create_time()})
     child.wait()
     assert "flywheel watchdog" not in capsys.readouterr().err
+
+
+# An engine core that starts a worker which ignores SIGTERM (as a busy one may not get to it);
+# the worker prints its pid once it runs. Both wait, as a live engine does at the flow's end.
+FLOW_WITH_ENGINE = """
+import subprocess, sys
+from ops.shutdown import flow_process
+from flywheel import inference
+
+core = '''
+import ctypes, subprocess, sys, time
+ctypes.CDLL(None).prctl(15, b"VLLM::EngineCor", 0, 0, 0)
+worker = \\'\\'\\'
+import ctypes, os, signal, time
+ctypes.CDLL(None).prctl(15, b"VLLM::Worker", 0, 0, 0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print(os.getpid(), flush=True)
+time.sleep(120)
+\\'\\'\\'
+subprocess.Popen([sys.executable, "-c", worker], stdout=sys.stdout)
+time.sleep(120)
+'''
+
+class SharedEngine:  # the process's shared engine, as `shared_vllm` holds it
+    def close(self):
+        print("engine closed", flush=True)
+
+with flow_process():
+    engine = subprocess.Popen([sys.executable, "-c", core], stdout=subprocess.PIPE)
+    worker_pid = engine.stdout.readline().decode().strip()
+    inference._engine = ("model", SharedEngine())
+print("worker", worker_pid, "engine left:", inference._engine, flush=True)
+"""
+
+
+def test_a_clean_exit_closes_the_engine_and_stops_a_worker_below_its_core():
+    import psutil
+
+    done = subprocess.run(
+        [sys.executable, "-c", FLOW_WITH_ENGINE], cwd=REPO, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    closed, last = done.stdout.splitlines()
+    assert closed == "engine closed"  # the shared engine was released on the way out
+    _, worker_pid, *_ = last.split()
+    assert last.endswith("engine left: None")
+    # The worker, a grandchild, was stopped by the flow itself, not left to its watchdog.
+    assert "flywheel watchdog" not in done.stderr, done.stderr
+    assert not psutil.pid_exists(int(worker_pid))
