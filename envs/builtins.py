@@ -24,7 +24,10 @@ def scienceworld(env: EnvSettings) -> Environment:
     from envs.scienceworld import ScienceWorldEnv
 
     chosen = env.scienceworld
-    return ScienceWorldEnv(chosen.task_names, chosen.variations, chosen.simplification)
+    return ScienceWorldEnv(
+        chosen.task_names, chosen.variations, chosen.simplification,
+        expert_looks_around=chosen.expert_looks_around,
+    )  # fmt: skip
 
 
 def qa(env: EnvSettings) -> Environment:

@@ -98,6 +98,10 @@ class ScienceWorldSettings(Strict):
     # ScienceWorld's simplifications, e.g. "easy" or "openDoors,teleportAction"; "" = none
     # (AgentGym's setting).
     simplification: str = ""
+    # The expert looks around between arriving and focusing (`envs.scienceworld.looking_before_
+    # focus`): the gold path alone names an object the agent was never shown. False: the gold path
+    # as ScienceWorld gives it.
+    expert_looks_around: bool = True
 
 
 class AgentGymTasks(Strict):

@@ -9,7 +9,7 @@ import pytest
 from envs.agentgym.client import ClientSettings, RemoteEnv
 from envs.agentgym.protocol import served_task_ids
 from envs.agentgym.server import LocalServer
-from envs.scienceworld import ScienceWorldEnv, parse_task_id
+from envs.scienceworld import ScienceWorldEnv, looking_before_focus, parse_task_id
 
 TASK = "lifespan-longest-lived"  # gold paths of 6 steps
 
@@ -30,6 +30,30 @@ def play_gold(env, task_id):
             break
     episode.close()
     return seen, total
+
+
+def test_the_expert_looks_around_before_focusing_on_what_it_has_not_been_shown():
+    gold = ["open door to kitchen", "go to kitchen", "open door to outside", "go to outside",
+            "focus on baby baby brown bear", "focus on baby baby mouse", "wait1"]  # fmt: skip
+    assert looking_before_focus(gold) == [
+        *gold[:4], "look around", *gold[4:],
+    ]  # fmt: skip
+    # a focus that does not follow a move, or a path that already looks, is left as it is
+    looked = ["go to outside", "look around", "focus on bee"]
+    assert looking_before_focus(looked) == looked
+    assert looking_before_focus(["focus on bee"]) == ["focus on bee"]
+
+
+def test_looking_first_shows_the_animal_the_expert_then_focuses_on(env):
+    task_id = env.task_ids("train")[0]
+    seen, total = play_gold(env, task_id)
+    assert total == 100.0  # the extra move scores nothing and costs nothing
+    plan = [action for _, action in env.expert_plan(task_id)]
+    looked = plan.index("look around")
+    animal = plan[looked + 1].removeprefix("focus on ").split()[-1]
+    assert animal in seen[looked + 1].observation  # shown before it is named
+    raw = ScienceWorldEnv([TASK], variations=3, expert_looks_around=False)
+    assert "look around" not in [action for _, action in raw.expert_plan(task_id)]
 
 
 def test_split_is_scienceworlds_own_and_keeps_test_variations_out_of_training(env):
