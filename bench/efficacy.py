@@ -11,6 +11,8 @@ served from their manifests. Then, per stage:
 - against the stage it started from (SFT against untrained, round 1 against SFT, ...; read from
   each run's `paired.json`), pooled over seeds x tasks: tasks gained and lost, the exact McNemar
   p-value on the pooled discordant pairs, and a paired bootstrap interval of the difference;
+- for the tool environments, tool calls per correct answer, and its paired difference from the
+  stage's start (ET-Agent's aim: fewer calls per correct answer than RFT);
 - tokens trained to reach the stage (SFT, DPO, RL and revision SFT rows x epochs, cumulative)
   and the recipe's wall time;
 - per seed, whether the orderings the papers predict hold: SFT < ETO round 1 <= ETO round 2, and
