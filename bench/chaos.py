@@ -389,6 +389,18 @@ class Attempt:
     watcher: str = ""  # a server victim's watcher: its polls (EnvServer.poll_summary)
 
 
+def watchdog_lines(attempts: list[Attempt]) -> tuple[int, int]:
+    """'flywheel watchdog: stopped' lines after runs whose flow was SIGKILLed (stopping what such
+    a flow left is the watchdog's job) and after all other runs (where the flow itself should
+    have stopped everything it started)."""
+    killed = sum(len(a.watchdog_lines) for a in attempts if flow_was_killed(a))
+    return killed, sum(len(a.watchdog_lines) for a in attempts) - killed
+
+
+def flow_was_killed(attempt: Attempt) -> bool:
+    return attempt.plan is not None and attempt.plan.victim == "flow" and bool(attempt.killed)
+
+
 class Campaign:
     """The campaign's folders and environment; runs until every round is published."""
 
@@ -662,9 +674,9 @@ def results_markdown(args, reference: list[Attempt], chaos: Campaign,
         f"| runs leaving a process or `$TMPDIR/fw-*` | "
         f"{sum(1 for a in reference if a in left)} | "
         f"{sum(1 for a in chaos.attempts if a in left)} |",
-        f"| 'flywheel watchdog: stopped' lines | "
-        f"{sum(len(a.watchdog_lines) for a in reference)} | "
-        f"{sum(len(a.watchdog_lines) for a in chaos.attempts)} |",
+        f"| 'flywheel watchdog: stopped' lines: after a flow SIGKILL (the watchdog's job), after "
+        f"any other run (a leak) | -, {watchdog_lines(reference)[1]} | "
+        f"{', '.join(map(str, watchdog_lines(chaos.attempts)))} |",
         f"| store files compared | {files} | {files} |",
         f"| episodes recovered (moved to another server or re-created), moves | "
         f"{', '.join(map(str, recoveries[0])) if recoveries else '-'} | "

@@ -295,3 +295,14 @@ def test_a_missed_plan_is_tried_again_after_the_other_kinds_of_its_block():
     # row while others wait.
     assert sorted(rest[:-1]) == sorted(k for k in chaos.KINDS if k != first.victim)
     assert rest[-1] == first.victim
+
+
+def test_watchdog_lines_after_a_flow_kill_are_its_job_and_after_any_other_run_a_leak():
+    line = ["flywheel watchdog: stopped 1 processes the flow left: 7 python -m training.dpo"]
+    attempts = [
+        chaos.Attempt(1, chaos.KillPlan("flow", 2.0), killed="flow pid 5", watchdog_lines=line),
+        chaos.Attempt(2, chaos.KillPlan("flow", 9.0), killed="", watchdog_lines=line),  # missed
+        chaos.Attempt(3, chaos.KillPlan("vllm", 1.0), killed="vllm pid 8", watchdog_lines=line),
+        chaos.Attempt(4, None),
+    ]
+    assert chaos.watchdog_lines(attempts) == (1, 2)
