@@ -447,7 +447,8 @@ def test_a_sciworld_compat_server_process_plays_an_episode_for_flywheels_own_cli
         assert episode.instruction == f"{answer['task_description']}\n{answer['observation']}"
         assert "longest" in answer["task_description"]
         plan = sciworld_plan(answer)
-        assert plan == env.expert_plan(str(data_idx)) and len(plan) == 4
+        assert plan == env.expert_plan(str(data_idx)) and len(plan) == 5
+        assert plan[2][1] == "look around"  # the expert looks before it focuses
         results = []
         for _, action in plan:  # the gold path ends with a `wait1` the task may not need
             results.append(episode.step(action))
