@@ -67,7 +67,8 @@ def flow_process():
         # `VLLM::Worker` outlived the flow and its watchdog stopped it (the chaos bench).
         from flywheel.inference import release_vllm
 
-        release_vllm()
+        with suppress(Exception):  # a failed shutdown must not skip the cleanup below, whose
+            release_vllm()  # sweep stops whatever the engine left
         signal.signal(signal.SIGTERM, previous)
         tempfile.tempdir = previous_tempdir
         if previous_env is None:
