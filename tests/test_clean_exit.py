@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.fake_engine import ENGINE_WITH_WORKER
+
 REPO = Path(__file__).resolve().parent.parent
 
 FLOW_PROCESS = """
@@ -20,15 +22,19 @@ print("flow done", flush=True)
 """
 
 
-def test_a_clean_exit_leaves_no_process_for_the_watchdog():
-    # The watchdog shares the child's stderr, so this returns once the watchdog has finished too.
+def run_clean_flow_process(script: str) -> subprocess.CompletedProcess:
+    """Run `script` as a flow process; it must exit 0 with nothing left for its watchdog. The
+    watchdog shares the child's stderr, so this returns once the watchdog has finished too."""
     done = subprocess.run(
-        [sys.executable, "-c", FLOW_PROCESS], cwd=REPO, capture_output=True, text=True,
-        timeout=60,
-    )  # fmt: skip
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "flow done\n"
     assert "flywheel watchdog" not in done.stderr, done.stderr
+    return done
+
+
+def test_a_clean_exit_leaves_no_process_for_the_watchdog():
+    assert run_clean_flow_process(FLOW_PROCESS).stdout == "flow done\n"
 
 
 def test_the_watchdog_counts_no_zombie_as_left_behind(capsys):
@@ -48,26 +54,14 @@ def test_the_watchdog_counts_no_zombie_as_left_behind(capsys):
     assert "flywheel watchdog" not in capsys.readouterr().err
 
 
-# An engine core that starts a worker which ignores SIGTERM (as a busy one may not get to it);
-# the worker prints its pid once it runs. Both wait, as a live engine does at the flow's end.
-FLOW_WITH_ENGINE = """
+# A flow whose shared engine (its core and the worker below it, `tests.fake_engine`) is still
+# running when the flow ends.
+FLOW_WITH_ENGINE = f"""
 import subprocess, sys
 from ops.shutdown import flow_process
 from flywheel import inference
 
-core = '''
-import ctypes, subprocess, sys, time
-ctypes.CDLL(None).prctl(15, b"VLLM::EngineCor", 0, 0, 0)
-worker = \\'\\'\\'
-import ctypes, os, signal, time
-ctypes.CDLL(None).prctl(15, b"VLLM::Worker", 0, 0, 0)
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-print(os.getpid(), flush=True)
-time.sleep(120)
-\\'\\'\\'
-subprocess.Popen([sys.executable, "-c", worker], stdout=sys.stdout)
-time.sleep(120)
-'''
+core = {ENGINE_WITH_WORKER!r}
 
 class SharedEngine:  # the process's shared engine, as `shared_vllm` holds it
     def close(self):
@@ -84,15 +78,10 @@ print("worker", worker_pid, "engine left:", inference._engine, flush=True)
 def test_a_clean_exit_closes_the_engine_and_stops_a_worker_below_its_core():
     import psutil
 
-    done = subprocess.run(
-        [sys.executable, "-c", FLOW_WITH_ENGINE], cwd=REPO, capture_output=True, text=True,
-        timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    # The worker, a grandchild, is stopped by the flow itself, not left to its watchdog.
+    done = run_clean_flow_process(FLOW_WITH_ENGINE)
     closed, last = done.stdout.splitlines()
     assert closed == "engine closed"  # the shared engine was released on the way out
     _, worker_pid, *_ = last.split()
     assert last.endswith("engine left: None")
-    # The worker, a grandchild, was stopped by the flow itself, not left to its watchdog.
-    assert "flywheel watchdog" not in done.stderr, done.stderr
     assert not psutil.pid_exists(int(worker_pid))
