@@ -4,7 +4,10 @@ Told to stop (SIGTERM from a person, a Prefect worker or Kubernetes; Ctrl-C): Pr
 signal into an exception in the main thread, and on its way out the recipe's stage flow stops
 every trainer's process group and shuts vLLM's engine down (`stop_children`), so stages running in
 other threads end in seconds instead of running to completion; the MLflow runs end KILLED; the
-process exits normally, so Prefect's temporary server is stopped by its own exit handler.
+process exits normally, so Prefect's temporary server is stopped by its own exit handler. That
+server runs in a session of its own (`keep_temporary_server_apart`): a signal to the flow's whole
+process group (Ctrl-C in a terminal, `kill -- -PGID`) does not stop it under the flow, whose crash
+handler still has to report the run's state to it.
 
 Killed outright (SIGKILL): nothing runs in the process any more; its watchdog
 (`flywheel/watchdog.py`) stops what it left and marks its runs KILLED.
@@ -12,9 +15,11 @@ Killed outright (SIGKILL): nothing runs in the process any more; its watchdog
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 from contextlib import contextmanager, suppress
 
@@ -53,6 +58,7 @@ def flow_process():
 
     previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
     become_subreaper()
+    keep_temporary_server_apart()
     # Short: vLLM puts its ZeroMQ sockets here, and a socket's path may not exceed 107 bytes.
     temp_root = tempfile.mkdtemp(prefix="fw-")
     previous_tempdir, previous_env = tempfile.tempdir, os.environ.get("TMPDIR")
@@ -78,6 +84,41 @@ def flow_process():
         shutil.rmtree(temp_root, ignore_errors=True)
         stop_orphaned_engine_processes()
         stop_resource_tracker()
+
+
+def keep_temporary_server_apart() -> None:
+    """Without a Prefect server (`PREFECT_API_URL` unset), Prefect starts a temporary one on
+    first use: have it start in a session of its own. In the flow's process group, a signal to
+    the group stopped it with the flow; the flow's crash handler then retried reporting the
+    run's state to it (Prefect's client backs off 2, 4, ..., 32 s a request): the flow exited 1
+    to 6 minutes late and its run stayed Running. It is still the flow's child: its exit handler
+    stops it, and the watchdog after a SIGKILL."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # the process's one, which Prefect's client starts
+    if not server.running:
+        server._run_uvicorn_command = in_own_session(server._run_uvicorn_command)
+
+
+def in_own_session(start_process):
+    """`start_process()`, with the processes it starts via `subprocess.Popen` in a new session.
+    Prefect's server has no option for it; Popen is replaced only for the call (no other
+    thread starts a process this early in a flow)."""
+
+    @functools.wraps(start_process)
+    def started_apart():
+        popen = subprocess.Popen
+        subprocess.Popen = functools.partial(popen, start_new_session=True)
+        try:
+            return start_process()
+        finally:
+            subprocess.Popen = popen
+
+    return started_apart
 
 
 def become_subreaper() -> None:
