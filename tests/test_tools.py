@@ -186,7 +186,9 @@ def test_python_infinite_loop_is_killed_at_the_wall_time_limit(sandbox_root):
     python = python_tool(sandbox_root, timeout_s=1.0, cpu_s=60)
     started = time.perf_counter()
     result = python.execute({"code": "while True:\n    pass"})
-    assert time.perf_counter() - started < 3.0
+    # Far below the 60-s CPU limit: the wall-time limit ended it (not a timing target: a busy
+    # machine took 5.4 s here once).
+    assert time.perf_counter() - started < 30.0
     assert result == "Error: timed out after 1 s (wall-time limit)"
     # The fixture checks that no process is left.
 
