@@ -106,8 +106,8 @@ def keep_temporary_server_apart() -> None:
 
 def in_own_session(start_process):
     """`start_process()`, with the processes it starts via `subprocess.Popen` in a new session.
-    Prefect's server has no option for it; Popen is replaced only for the call (no other
-    thread starts a process this early in a flow)."""
+    Prefect's server has no option for it; Popen is replaced only for the call, which Prefect
+    makes as the flow run begins, before any stage's thread starts a process."""
 
     @functools.wraps(start_process)
     def started_apart():
