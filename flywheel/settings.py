@@ -386,9 +386,12 @@ class TrainerSettings(Strict):
     # which makes a step much cheaper on a CPU. 0 trains everything.
     frozen_layers: int = Field(default=0, ge=0)
     # Optimizer steps between checkpoints into the stage's folder in the store, from which a
-    # killed stage resumes (training/checkpoint.py, docs/checkpoints.md); 0 turns them off.
-    # Not keyed: a resumed run trains the same weights (tests/test_checkpoint_resume.py).
+    # killed stage resumes (training/checkpoint.py, docs/checkpoints.md); 0: none by steps
+    # (both intervals 0 turns checkpoints off). Not keyed: a resumed run trains the same weights (tests/test_checkpoint_resume.py).
     checkpoint_every_steps: int = Field(default=50, ge=0, json_schema_extra=NOT_KEYED)
+    # Also a checkpoint whenever this many minutes have passed since the last one (or the
+    # start): slow steps (a large model, a loaded machine) checkpoint too. 0: by steps only.
+    checkpoint_every_minutes: float = Field(default=30.0, ge=0, json_schema_extra=NOT_KEYED)
 
     @model_validator(mode="after")
     def _lora_replaces_frozen_layers(self):

@@ -20,6 +20,7 @@ from tasks.dpo import DPOInputs
 from tasks.rl import RLInputs
 from tasks.sft import SFTInputs
 from training.checkpoint import (
+    CheckpointClock,
     CheckpointPlan,
     UnstorableState,
     checkpoint_plan,
@@ -27,6 +28,7 @@ from training.checkpoint import (
     download_checkpoint,
     encode_state,
     latest_checkpoint,
+    mirroring_callback,
     publish_checkpoint,
     pull_trainer_checkpoint,
     remove_checkpoints,
@@ -209,6 +211,8 @@ def test_a_stage_checkpoints_only_under_its_key_and_removes_its_checkpoints(tmp_
         store_url=run.store.root, url=f"{run.url}/checkpoint", key="key-a", every_steps=50
     )
     assert checkpoint_plan(run, 0) is None  # turned off
+    assert checkpoint_plan(run, 0, 0.0) is None
+    assert checkpoint_plan(run, 0, 30.0).every_minutes == 30.0  # by time only
     assert checkpoint_plan(Run(tmp_path, None), 50) is None  # a bare body has no key
     publish_checkpoint(checkpoint_plan(run, 50), files(tmp_path, "x"), step=1)
     run.store.write_text(run.file("model/config.json"), "{}")
@@ -225,6 +229,93 @@ def test_the_trainer_saves_every_n_steps_only_with_a_plan():
     assert checkpointing(job) == {
         "save_strategy": "steps", "save_steps": 25, "save_total_limit": 1
     }  # fmt: skip
+
+
+def test_the_trainer_saves_only_by_time_when_no_step_interval_is_set():
+    job = TrainingJob(model_dir="m", data_file="d", output_dir="/o", settings=SFTSettings(), seed=0)
+    job.checkpoint = CheckpointPlan(
+        store_url="file:///s", url="file:///s/c", key="k", every_minutes=30
+    )
+    # the mirroring callback asks for the saves; the Trainer keeps only the newest on its disk
+    assert checkpointing(job) == {"save_strategy": "no", "save_total_limit": 1}
+
+
+def test_a_plan_that_would_never_save_is_refused():
+    with pytest.raises(ValueError, match="every_steps or every_minutes"):
+        CheckpointPlan(store_url="file:///s", url="file:///s/c", key="k")
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_checkpoint_is_due_every_n_steps_and_after_the_interval_since_the_last():
+    clock = FakeClock()
+    both = CheckpointPlan(
+        store_url="file:///s", url="file:///s/c", key="k", every_steps=50, every_minutes=30
+    )
+    due = CheckpointClock(both, clock)
+    assert [step for step in range(1, 120) if due.due(step)] == [50, 100]
+    clock.now += 29 * 60
+    assert not due.due(7)
+    clock.now += 60  # 30 minutes since the start
+    assert due.due(7) and due.due(8)  # stays due until a save is recorded
+    due.saved()
+    assert not due.due(9)
+    clock.now += 30 * 60 - 1
+    assert not due.due(10)
+    clock.now += 1
+    assert due.due(10)
+    by_steps_only = CheckpointClock(both.model_copy(update={"every_minutes": 0}), clock)
+    clock.now += 10**6
+    assert not by_steps_only.due(7) and by_steps_only.due(50)
+    by_time_only = CheckpointClock(both.model_copy(update={"every_steps": 0}), clock)
+    assert not by_time_only.due(50)
+
+
+def test_the_trainer_callback_asks_for_a_save_when_the_interval_has_passed(tmp_path):
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl
+
+    clock = FakeClock()
+    by_time = CheckpointPlan(store_url="file:///s", url="file:///s/c", key="k", every_minutes=10)
+    mirror = mirroring_callback(by_time, clock)
+    state = SimpleNamespace(global_step=3, max_steps=8)
+    control = TrainerControl()
+    mirror.on_step_end(None, state, control)
+    assert not control.should_save
+    clock.now += 10 * 60
+    mirror.on_step_end(None, state, control)
+    assert control.should_save
+    control = TrainerControl()
+    mirror.on_step_end(None, SimpleNamespace(global_step=8, max_steps=8), control)
+    assert not control.should_save  # the last step: the model itself is saved next
+    mirror.due.saved()
+    mirror.on_step_end(None, state, control)
+    assert not control.should_save
+
+
+def test_rl_checkpoints_when_the_interval_has_passed(monkeypatch):
+    import training.rl as rl
+
+    saved_at = []
+    monkeypatch.setattr(rl, "save_checkpoint", lambda progress, *_: saved_at.append(progress.step))
+    clock = FakeClock()
+    progress = rl.Progress(seed=0, plan=CheckpointPlan(
+        store_url="file:///s", url="file:///s/c", key="k", every_steps=4, every_minutes=5
+    ))  # fmt: skip
+    progress.clock = CheckpointClock(progress.plan, clock)
+    for step in range(1, 10):
+        progress.step = step
+        clock.now += 60 if step != 6 else 5 * 60  # step 6 takes 5 minutes
+        progress.maybe_checkpoint(None, None, None, None)
+    # step 4 by steps (its clock reset), step 6 by time, step 8 by steps
+    assert saved_at == [4, 6, 8] and progress.checkpoints_saved == 3
 
 
 def test_an_rl_steps_numbers_are_trls_names_over_the_steps_rows():
@@ -326,3 +417,28 @@ def test_a_finished_stage_stays_cached_for_run_and_status_when_checkpoints_chang
     # and a run serves it from the store
     assert train_toy_stage.fn(with_settings(checkpoint_every_steps=5), out).served_from_store
     assert len(trained) == 1
+
+
+def agree_over_two_processes(rank: int, init_file: str, results) -> None:
+    from training.checkpoint import on_any_process
+
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2
+    )
+    try:
+        # only process 0's clock has passed the interval: both must save, or their collectives
+        # (the save's barrier, DDP's next all-reduce) would wait on each other forever
+        results[rank] = (on_any_process(rank == 0), on_any_process(False))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_a_save_due_on_one_process_is_due_on_every_process(tmp_path):
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(
+            agree_over_two_processes, args=(str(tmp_path / "init"), results), nprocs=2, join=True
+        )
+        assert dict(results) == {0: (True, False), 1: (True, False)}

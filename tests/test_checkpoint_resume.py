@@ -53,13 +53,17 @@ def kill_after_first_checkpoint(process: subprocess.Popen, store: ArtifactStore,
     pytest.fail(f"the trainer ended (code {process.returncode}) before a checkpoint")
 
 
-def killed_and_resumed(module, tmp_path, make_job, total_steps: int) -> tuple[dict, dict]:
+def killed_and_resumed(
+    module, tmp_path, make_job, total_steps: int, interval: dict | None = None
+) -> tuple[dict, dict]:
     """The job run through (no checkpoints) and the job killed after its first checkpoint and
-    run again in a fresh work folder; each run's (weights, per-step history, metrics)."""
+    run again in a fresh work folder; each run's (weights, per-step history, metrics).
+    `interval`: the plan's (every 2 steps unless given)."""
     store = ArtifactStore(str(tmp_path / "store"))
     plan = CheckpointPlan(
-        store_url=store.root, url=store.url("stage/checkpoint"), key="k1", every_steps=2
-    )
+        store_url=store.root, url=store.url("stage/checkpoint"), key="k1",
+        **(interval or {"every_steps": 2}),
+    )  # fmt: skip
     runs = {}
     for name, checkpoint in (("through", None), ("killed", plan), ("resumed", plan)):
         folder = tmp_path / name
@@ -97,8 +101,12 @@ def expert_data(tmp_path):
     return str(path)
 
 
+# By time: due after every step (the Trainer's save_steps off, the callback asks for the saves).
+@pytest.mark.parametrize(
+    "interval", [{"every_steps": 2}, {"every_minutes": 1e-6}], ids=["by-steps", "by-time"]
+)
 def test_sft_killed_mid_training_resumes_to_the_uninterrupted_result(
-    tmp_path, tiny_model_dir, expert_data, monkeypatch
+    tmp_path, tiny_model_dir, expert_data, monkeypatch, interval
 ):
     # 6 trajectories, 1 per step, 2 epochs: 12 optimizer steps; a cosine schedule with warmup,
     # so that the scheduler's state matters.
@@ -115,7 +123,9 @@ def test_sft_killed_mid_training_resumes_to_the_uninterrupted_result(
             },
         )  # fmt: skip
 
-    through, resumed = killed_and_resumed("training.sft", tmp_path, make_job, total_steps=12)
+    through, resumed = killed_and_resumed(
+        "training.sft", tmp_path, make_job, total_steps=12, interval=interval
+    )
     assert_same_weights(through[0], resumed[0])
 
     def per_step(history: list[dict]) -> list[tuple]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from safetensors.torch import load_file, save_file
 
 from flywheel.storage import ArtifactStore, hash_local_file
@@ -47,18 +47,63 @@ class CheckpointPlan(BaseModel):
     store_url: str  # the artifact store's root
     url: str  # <stage url>/checkpoint
     key: str  # the stage's cache key: a checkpoint for another key is never resumed
-    every_steps: int = Field(ge=1)  # optimizer steps between checkpoints
+    every_steps: int = Field(default=0, ge=0)  # optimizer steps between checkpoints; 0: none
+    # Also once this long has passed since the last checkpoint (or the start); 0: never by time.
+    every_minutes: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _saves_at_all(self):
+        if not (self.every_steps or self.every_minutes):
+            raise ValueError("a checkpoint plan needs every_steps or every_minutes above 0")
+        return self
 
 
-def checkpoint_plan(run, every_steps: int) -> CheckpointPlan | None:
+def checkpoint_plan(run, every_steps: int, every_minutes: float = 0.0) -> CheckpointPlan | None:
     """The plan for a stage's trainer: checkpoint into `<run.url>/checkpoint` under the stage's
     key. None where the stage runs without a key (its bare body) or checkpoints off."""
     key = getattr(run, "key", None)
-    if not key or every_steps <= 0:
+    if not key or (every_steps <= 0 and every_minutes <= 0):
         return None
     return CheckpointPlan(
-        store_url=run.store.root, url=run.file("checkpoint"), key=key, every_steps=every_steps
-    )
+        store_url=run.store.root, url=run.file("checkpoint"), key=key,
+        every_steps=max(every_steps, 0), every_minutes=max(every_minutes, 0.0),
+    )  # fmt: skip
+
+
+class CheckpointClock:
+    """When a trainer's next checkpoint is due: every `plan.every_steps` optimizer steps, and
+    whenever `plan.every_minutes` have passed since the last one (or the start), so that slow
+    steps (a large model, a loaded machine) still checkpoint. Every process must save at the
+    same step and their clocks differ, so the time test is agreed over all processes: one
+    process past the interval makes the save due for all. Call it at every step on every
+    process."""
+
+    def __init__(self, plan: CheckpointPlan, clock=time.monotonic):
+        self.plan, self.clock = plan, clock
+        self.last = clock()
+
+    def due(self, step: int) -> bool:
+        by_time = self.due_by_time()  # first: a collective every process must enter
+        return by_time or bool(self.plan.every_steps) and step % self.plan.every_steps == 0
+
+    def due_by_time(self) -> bool:
+        if not self.plan.every_minutes:
+            return False
+        return on_any_process(self.clock() - self.last >= self.plan.every_minutes * 60)
+
+    def saved(self) -> None:
+        self.last = self.clock()
+
+
+def on_any_process(flag: bool) -> bool:
+    """`flag` or-ed over the processes of a distributed run (itself when there is one)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return flag
+    on_gpu = torch.distributed.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    value = torch.tensor([int(flag)], device=device)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return bool(value.item())
 
 
 # Pickle-free state: tensors in safetensors, the rest as JSON --------------------------------
@@ -281,20 +326,25 @@ def pull_trainer_checkpoint(plan: CheckpointPlan | None, work_dir: Path) -> str 
     return str(local)
 
 
-def mirroring_callback(plan: CheckpointPlan):
-    """A TrainerCallback that publishes every checkpoint the Trainer saves into the store."""
+def mirroring_callback(plan: CheckpointPlan, clock=time.monotonic):
+    """A TrainerCallback that publishes every checkpoint the Trainer saves into the store, and
+    has it save when `plan.every_minutes` have passed (the Trainer's `save_steps` does the rest)."""
     from transformers import TrainerCallback
 
     class MirrorCheckpoints(TrainerCallback):
         """Also times each checkpoint, from the step's end (the Trainer's own save follows it)
         to the store's copy published: `saves`, `seconds`."""
 
-        saves, seconds, step_ended = 0, 0.0, 0.0
+        def __init__(self):
+            self.saves, self.seconds, self.step_ended = 0, 0.0, 0.0
+            self.due = CheckpointClock(plan, clock)
 
         def on_step_end(self, args, state, control, **kwargs):
             self.step_ended = time.perf_counter()
             if state.global_step >= state.max_steps:  # the model itself is saved next
                 control.should_save = False
+            elif self.due.due_by_time():
+                control.should_save = True
 
         def on_save(self, args, state, control, **kwargs):
             wait_for_every_process()  # each process's RNG file is written
@@ -304,6 +354,7 @@ def mirroring_callback(plan: CheckpointPlan):
                     files = trainer_files(folder, Path(scratch))
                     publish_checkpoint(plan, files, state.global_step)
             wait_for_every_process()
+            self.due.saved()
             self.saves += 1
             self.seconds += time.perf_counter() - self.step_ended
 

@@ -122,9 +122,12 @@ def batched_on_gpu(args: dict, gpu: bool, set_by_user: bool) -> dict:
 
 def checkpointing(job: TrainingJob) -> dict:
     """The Trainer's save settings: a checkpoint every `every_steps` optimizer steps (only the
-    newest kept on the local disk; `training.checkpoint` mirrors it into the store), or none."""
+    newest kept on the local disk; `training.checkpoint` mirrors it into the store), or none.
+    Saves by time are the mirroring callback's (`every_minutes`)."""
     if job.checkpoint is None:
         return {"save_strategy": "no"}
+    if not job.checkpoint.every_steps:
+        return {"save_strategy": "no", "save_total_limit": 1}
     return {
         "save_strategy": "steps",
         "save_steps": job.checkpoint.every_steps,

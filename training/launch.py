@@ -260,7 +260,9 @@ def trained_model(
             "lora.publish=adapter needs a local store (storage_url a folder): the adapter names "
             "its base by its path on this machine; use lora.publish=merged (docs/lora.md)"
         )
-    checkpoint = checkpoint_plan(run, settings.checkpoint_every_steps)
+    checkpoint = checkpoint_plan(
+        run, settings.checkpoint_every_steps, settings.checkpoint_every_minutes
+    )
     metrics = train_to_store(
         run.store, module, model_url, data_url, run.url, settings, seed, trl_args,
         run.tracking_env(), checkpoint,

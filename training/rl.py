@@ -67,6 +67,7 @@ from training.advantages import (
     whiten,
 )
 from training.checkpoint import (
+    CheckpointClock,
     CheckpointPlan,
     download_checkpoint,
     latest_checkpoint,
@@ -319,7 +320,7 @@ def optimizer_batches(count: int, batch_size: int, processes: int, seed: int) ->
 def optimise(policy, optimizer, accelerator, settings, rows, advantages, returns, progress) -> Sums:
     """`settings.epochs` passes over the rows, from `progress.step` on (0, or where a checkpoint
     left off); the statistics summed over all processes. Each optimizer step is logged
-    (`progress.record`) and, every `checkpoint_every_steps`, checkpointed."""
+    (`progress.record`) and checkpointed when due (`checkpoint_every_steps`, `_minutes`)."""
     sums = progress.sums
     rank, processes = accelerator.process_index, accelerator.num_processes
     schedule = optimizer_schedule(settings, len(rows.input_ids), processes, progress.seed)
@@ -416,6 +417,7 @@ class Progress:
     log_step: Callable[[dict], None] | None = None  # MLflow, on the main process
     checkpoints_saved: int = 0  # by this run (not counting a killed run's)
     checkpoint_seconds: float = 0.0
+    clock: CheckpointClock | None = field(init=False, default=None, repr=False)
 
     def record(self, metrics: dict) -> None:
         """One optimizer step's numbers; `num_tokens` counts every token forwarded so far."""
@@ -426,10 +428,15 @@ class Progress:
         if self.log_step is not None:
             self.log_step(entry)
 
+    def __post_init__(self):
+        self.clock = CheckpointClock(self.plan) if self.plan is not None else None
+
     def maybe_checkpoint(self, policy, optimizer, rows: Rows, accelerator) -> None:
-        if self.plan is not None and self.step % self.plan.every_steps == 0:
+        """Checkpoint when the plan says one is due (every process calls it at every step)."""
+        if self.clock is not None and self.clock.due(self.step):
             started = time.perf_counter()
             save_checkpoint(self, policy, optimizer, rows, accelerator)
+            self.clock.saved()
             self.checkpoints_saved += 1
             self.checkpoint_seconds += time.perf_counter() - started
 
