@@ -8,6 +8,7 @@ bench/rollout_throughput.py's `run_sequential`.)
 
 from __future__ import annotations
 
+import collections
 import functools
 from dataclasses import dataclass, field
 
@@ -136,28 +137,55 @@ def run_batched(
     group = samples_per_task > 1
     prefix_ids, _ = chat.encode(prefix)
     start = functools.partial(_start, env, prefix=prefix, prefix_ids=prefix_ids, chat=chat)
-    states = env.in_parallel(start, task_ids)
-    for state, sample in zip(states, sample_indices(task_ids), strict=True):
-        state.sample = sample
-    live = [s for s in states if not s.finish_reason]
-    failed = [
-        s.error for s in states if s.error and not isinstance(s.error, EnvironmentUnavailable)
-    ]
-    if failed:  # an episode that cannot start is a bug or a broken setup, not the agent's doing
-        for state in live:
-            state.episode.close()
-        raise failed[0]
-    _play_closing(env, live, backend, chat, settings, progress, total=len(states))
+    starts = [functools.partial(start, task_id) for task_id in task_ids]
+    states = _play_all(
+        env, starts, sample_indices(task_ids), backend, chat, settings, progress,
+        refuse_broken_starts=True,
+    )  # fmt: skip
     return [_to_trajectory(env, s, len(prefix), grouped=group) for s in states]
 
 
-def _play_closing(env, live: list[_Live], backend, chat, settings, progress, total) -> None:
+def _play_all(
+    env, starts, samples, backend, chat, settings, progress, refuse_broken_starts=False
+) -> list[_Live]:
+    """Every episode played to its end, in `starts`' order (each a call that starts one), with
+    at most `env.max_live_episodes` open at once: as episodes end, the next ones start. Each
+    open episode holds an environment session (ScienceWorld's is a Java process), so the limit
+    bounds memory; an episode's replies do not depend on which others run beside it
+    (`turn_sampling`). With `refuse_broken_starts`, an episode that fails to start for any
+    reason but a lost environment raises: a bug or a broken setup, not the agent's doing."""
+    states: list[_Live | None] = [None] * len(starts)
+    waiting = collections.deque(range(len(starts)))
+    limit = env.max_live_episodes or len(starts)
+    live: list[_Live] = []
+    bar = tqdm(total=len(starts), desc=f"{env.name} episodes", unit="ep", disable=not progress)
+    turns, step = turns_for(env), 0
     try:
-        _play(env, live, backend, chat, settings, progress, total=total)
+        while live or waiting:
+            admitted = [waiting.popleft() for _ in range(min(limit - len(live), len(waiting)))]
+            started = env.in_parallel(lambda i: starts[i](), admitted)
+            for i, state in zip(admitted, started, strict=True):
+                state.sample, states[i] = samples[i], state
+            live += [s for s in started if not s.finish_reason]
+            bar.update(sum(1 for s in started if s.finish_reason))
+            if refuse_broken_starts:
+                _refuse_broken_starts(started)
+            if live:
+                step += 1
+                live = _step(env, turns, live, backend, chat, settings, bar)
+                bar.set_postfix(step=step, live=len(live))
     finally:  # also when generation fails: the environment's sessions are freed
         for state in live:
             if not state.finish_reason:
                 state.episode.close()
+        bar.close()
+    return states
+
+
+def _refuse_broken_starts(started: list[_Live]) -> None:
+    for state in started:
+        if state.error and not isinstance(state.error, EnvironmentUnavailable):
+            raise state.error
 
 
 @dataclass(frozen=True)
@@ -192,12 +220,9 @@ def continue_batched(
     replayed step whose observation differs from the recorded one ends that episode, recorded
     as "replay-mismatch: ..." (an error while replaying as "replay-error: ..."), not raised."""
     turns = turns_for(env)
-    states = [_resume(env, turns, chat, resume) for resume in resumes]
+    starts = [functools.partial(_resume, env, turns, chat, resume) for resume in resumes]
     samples = sample_indices([resume.trajectory.task_id for resume in resumes])
-    for state, sample in zip(states, samples, strict=True):
-        state.sample = sample
-    live = [s for s in states if not s.finish_reason]
-    _play_closing(env, live, backend, chat, settings, progress, total=len(states))
+    states = _play_all(env, starts, samples, backend, chat, settings, progress)
     return [
         _to_trajectory(env, s, r.trajectory.episode_start, grouped=False)
         for s, r in zip(states, resumes, strict=True)
@@ -248,29 +273,21 @@ def _replay(turns: Turns, chat, state: _Live, kept: list[Message]) -> str | None
     return None
 
 
-def _play(env, live: list[_Live], backend, chat, settings, progress: bool, total: int) -> None:
-    bar = tqdm(total=total, desc=f"{env.name} episodes", unit="ep", disable=not progress)
-    bar.update(total - len(live))
-    turns = turns_for(env)
-    step = 0
-    while live:
-        step += 1
-        prompts = [state.ids + chat.header_ids for state in live]
-        generations = backend.generate(prompts, turn_sampling(settings.sampling, live))
-        replies = [
-            _reply(chat, turns, state, g) for state, g in zip(live, generations, strict=True)
-        ]
-        moves = [(s.episode, r.action) for s, r in zip(live, replies, strict=True) if r.action]
-        results = iter(env.step_all(moves))  # all episodes' steps at once, in order
-        for state, reply in zip(live, replies, strict=True):
-            result = next(results) if reply.action else reply.error
-            _observe(chat, turns, state, result, settings, reply.malformed)
-            if state.finish_reason:
-                state.episode.close()
-                bar.update(1)
-        live = [state for state in live if not state.finish_reason]
-        bar.set_postfix(step=step, live=len(live))
-    bar.close()
+def _step(env, turns: Turns, live: list[_Live], backend, chat, settings, bar) -> list[_Live]:
+    """One turn of every live episode: one `generate` call, all their actions stepped at once;
+    the episodes still live after it."""
+    prompts = [state.ids + chat.header_ids for state in live]
+    generations = backend.generate(prompts, turn_sampling(settings.sampling, live))
+    replies = [_reply(chat, turns, state, g) for state, g in zip(live, generations, strict=True)]
+    moves = [(s.episode, r.action) for s, r in zip(live, replies, strict=True) if r.action]
+    results = iter(env.step_all(moves))  # all episodes' steps at once, in order
+    for state, reply in zip(live, replies, strict=True):
+        result = next(results) if reply.action else reply.error
+        _observe(chat, turns, state, result, settings, reply.malformed)
+        if state.finish_reason:
+            state.episode.close()
+            bar.update(1)
+    return [state for state in live if not state.finish_reason]
 
 
 def turn_sampling(sampling: SamplingSettings, live: list[_Live]) -> SamplingSettings:

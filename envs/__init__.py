@@ -19,6 +19,8 @@ def make_env(settings: str | EnvSettings) -> Environment:
         settings = EnvSettings(name=settings)
     registration = check_env_settings(settings)
     env = registration.make(settings)
+    if settings.max_live_episodes is not None:
+        env.max_live_episodes = settings.max_live_episodes
     if registration.agentgym_only:  # on AgentGym's servers (EnvSettings refuses none given)
         return env
     if not isinstance(env, Environment):

@@ -105,6 +105,9 @@ class Environment(ABC):
     # environments in other processes); 1 = call them one at a time.
     step_workers: int = 1
     reward_range: tuple[float, float] = (0.0, 1.0)
+    # At most this many episodes open at once in a rollout (`agents.rollout`: as one ends the next
+    # starts), for environments whose sessions are costly; None: every episode at once.
+    max_live_episodes: int | None = None
     # What the agent is told once, as the system message: the task family and its actions.
     system_prompt: str = "Solve the task. Reply with 'Thought: ...' then 'Action: ...'."
     # When set, `system_prompt` is not sent as a system message but as the conversation's first

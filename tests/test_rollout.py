@@ -58,6 +58,66 @@ def test_batched_rollout_steps_all_live_episodes_together(chat):
     assert reply.token_ids and reply.token_ids[-1] != chat.tokenizer.eos_token_id
 
 
+def count_open_sessions(env) -> dict:
+    """Wrap `env.start` to count the episodes open at once (started, not yet closed)."""
+    counts = {"open": 0, "most": 0}
+    start = env.start
+
+    def counted_start(task_id):
+        episode = start(task_id)
+        counts["open"] += 1
+        counts["most"] = max(counts["most"], counts["open"])
+        close = episode.close
+
+        def counted_close():
+            if not getattr(episode, "_counted_closed", False):
+                episode._counted_closed = True
+                counts["open"] -= 1
+            close()
+
+        episode.close = counted_close
+        return episode
+
+    env.start = counted_start
+    return counts
+
+
+def test_at_most_the_live_limit_of_episodes_are_open_and_the_rest_start_as_they_end(chat):
+    tasks = ["acacia_boat", "birch_boat", "dark_oak_boat", "jungle_boat", "spruce_boat"]
+
+    def play(limit):
+        env = make_env("textcraft")
+        env.max_live_episodes = limit
+        scripts = {
+            t: [format_reply(*step) for step in env.expert_plan(t)] if i % 2 == 0 else ["hi"] * 9
+            for i, t in enumerate(tasks)
+        }  # three solved, two never answering
+        counts = count_open_sessions(env)
+        backend = ScriptedBackend(chat, scripts)
+        trajectories = run_batched(
+            env, tasks, backend, chat, agent_prefix(env, []), RolloutSettings(max_steps=6),
+            progress=False,
+        )  # fmt: skip
+        assert counts["open"] == 0  # every session given back
+        return trajectories, backend.calls, counts["most"]
+
+    capped, calls, most = play(2)
+    assert most == 2 and max(calls) == 2  # never more than two open, or asked at once
+    uncapped, all_calls, all_most = play(None)
+    assert all_most == 5 and all_calls[0] == 5
+    assert [t.task_id for t in capped] == tasks  # in the order asked, not the order finished
+    assert [t.messages for t in capped] == [t.messages for t in uncapped]
+    assert [t.success for t in capped] == [True, False, True, False, True]
+
+
+def test_the_live_limit_is_the_environments_unless_the_settings_set_one():
+    from flywheel.settings import EnvSettings
+
+    assert make_env("scienceworld").max_live_episodes == 32  # a Java process each
+    assert make_env("textcraft").max_live_episodes is None
+    assert make_env(EnvSettings(name="scienceworld", max_live_episodes=4)).max_live_episodes == 4
+
+
 def test_curriculum_filter_keeps_tasks_within_the_expert_step_limit():
     from envs.task_selection import within_expert_steps
 

@@ -592,6 +592,7 @@ class RemoteEnv(Environment):
         self.noop_action = catalog.noop_action
         self.agent_format, self.tool_arguments = catalog.agent_format, catalog.tool_arguments
         self.validation = catalog.validation  # its task lists are the catalog's
+        self.max_live_episodes = catalog.max_live_episodes  # its sessions, on the servers
         self.served_tasks = served_task_ids(catalog)
         self._index = {t: i for i, t in enumerate(self.served_tasks)}
         self.pool = ServerPool(servers, dialect_serving(catalog.name), client or ClientSettings())
