@@ -163,9 +163,9 @@ class ScienceWorldEnv(Environment):
     system_prompt = SYSTEM_PROMPT
     noop_action = "look around"  # changes nothing but ScienceWorld's move count
     step_workers = 8  # each episode has its own Java process; py4j calls release the GIL
-    # Each live episode holds a Java process (~160 MiB resident, measured: 90 at once beside a
-    # trainer ran a 24-GiB machine out of memory); 32 take ~5 GiB. `env.max_live_episodes`.
-    max_live_episodes = 32
+    # Each live episode holds a Java process, 210-380 MiB resident (measured: 90 at once beside
+    # a trainer ran a 24-GiB machine out of memory); 16 take 3.5-6 GiB. `env.max_live_episodes`.
+    max_live_episodes = 16
 
     def __init__(
         self,

@@ -230,9 +230,9 @@ class EnvSettings(Strict):
     # not a setting: configs are handed to Prefect as parameters and logged to MLflow.
     servers: list[str] = Field(default_factory=list)
     # At most this many episodes open at once in a rollout; as one ends the next starts. Each
-    # holds an environment session (ScienceWorld's: a Java process of ~160 MiB, so 90 at once
-    # beside a trainer ran a 24-GiB machine out of memory). None: the environment's own limit
-    # (ScienceWorld 32, the others none). Not in `identity()`: an episode's replies do not depend
+    # holds an environment session (ScienceWorld's: a Java process of 210-380 MiB, so 90 at
+    # once beside a trainer ran a 24-GiB machine out of memory). None: the environment's own
+    # limit (ScienceWorld 16, the others none). Not in `identity()`: an episode's replies do not depend
     # on the episodes beside it (docs/determinism.md).
     max_live_episodes: int | None = Field(default=None, ge=1)
     request_timeout_s: float = Field(default=60.0, gt=0)  # per request to an environment server

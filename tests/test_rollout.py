@@ -113,7 +113,7 @@ def test_at_most_the_live_limit_of_episodes_are_open_and_the_rest_start_as_they_
 def test_the_live_limit_is_the_environments_unless_the_settings_set_one():
     from flywheel.settings import EnvSettings
 
-    assert make_env("scienceworld").max_live_episodes == 32  # a Java process each
+    assert make_env("scienceworld").max_live_episodes == 16  # a Java process each
     assert make_env("textcraft").max_live_episodes is None
     assert make_env(EnvSettings(name="scienceworld", max_live_episodes=4)).max_live_episodes == 4
 
