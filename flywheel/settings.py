@@ -232,8 +232,8 @@ class EnvSettings(Strict):
     # At most this many episodes open at once in a rollout; as one ends the next starts. Each
     # holds an environment session (ScienceWorld's: a Java process of 210-380 MiB, so 90 at
     # once beside a trainer ran a 24-GiB machine out of memory). None: the environment's own
-    # limit (ScienceWorld 16, the others none). Not in `identity()`: an episode's replies do not depend
-    # on the episodes beside it (docs/determinism.md).
+    # limit (ScienceWorld 16, the others none). Not in `identity()`: an episode's replies do
+    # not depend on the episodes beside it (docs/determinism.md).
     max_live_episodes: int | None = Field(default=None, ge=1)
     request_timeout_s: float = Field(default=60.0, gt=0)  # per request to an environment server
     scienceworld: ScienceWorldSettings = Field(default_factory=ScienceWorldSettings)
@@ -393,7 +393,8 @@ class TrainerSettings(Strict):
     frozen_layers: int = Field(default=0, ge=0)
     # Optimizer steps between checkpoints into the stage's folder in the store, from which a
     # killed stage resumes (training/checkpoint.py, docs/checkpoints.md); 0: none by steps
-    # (both intervals 0 turns checkpoints off). Not keyed: a resumed run trains the same weights (tests/test_checkpoint_resume.py).
+    # (both intervals 0 turn checkpoints off). Not keyed: a resumed run trains the same
+    # weights (tests/test_checkpoint_resume.py).
     checkpoint_every_steps: int = Field(default=50, ge=0, json_schema_extra=NOT_KEYED)
     # Also a checkpoint whenever this many minutes have passed since the last one (or the
     # start): slow steps (a large model, a loaded machine) checkpoint too. 0: by steps only.
