@@ -178,6 +178,7 @@ def _play_all(
         for state in live:
             if not state.finish_reason:
                 state.episode.close()
+        env.rollout_ended()
         bar.close()
     return states
 

@@ -156,6 +156,10 @@ class Environment(ABC):
     def start(self, task_id: str) -> Episode:
         """Start a fresh episode of `task_id`; raises KeyError for an unknown id."""
 
+    def rollout_ended(self) -> None:  # noqa: B027 - optional hook
+        """A rollout's episodes are all closed: free what they left idle (processes kept for
+        reuse), so the stage that follows has the memory."""
+
     def step_all(self, moves: list[tuple[Episode, str]]) -> list[StepResult | Exception]:
         """One action for each of many episodes; a step that raised gives its exception in its
         place."""

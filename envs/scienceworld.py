@@ -68,6 +68,18 @@ class WorldPool:
     def give_back(self, world) -> None:
         self._idle.put(world)
 
+    def close_idle(self) -> int:
+        """End every idle process (a later episode starts a new one); how many were ended."""
+        ended = 0
+        while True:
+            try:
+                world = self._idle.get_nowait()
+            except queue.Empty:
+                return ended
+            with contextlib.suppress(Exception):  # it may have died already
+                world.close()
+            ended += 1
+
     @contextlib.contextmanager
     def borrowed(self):
         """A process for a short query, given back afterwards."""
@@ -207,6 +219,11 @@ class ScienceWorldEnv(Environment):
         if name not in task_names():
             raise KeyError(f"unknown ScienceWorld task {task_id!r}")
         return ScienceWorldEpisode(task_id, self.simplification)
+
+    def rollout_ended(self) -> None:
+        """The rollout's Java processes, idle now, are ended: up to `max_live_episodes` of them,
+        3.5-6 GiB that the stage after it (a trainer) would otherwise run beside."""
+        worlds.close_idle()
 
     def expert_plan(self, task_id: str) -> list[tuple[str, str]] | None:
         actions = self.gold_actions(task_id)

@@ -3,6 +3,8 @@ scores, and the same episodes served over AgentGym's SciWorld protocol."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -120,3 +122,43 @@ def test_served_over_the_sciworld_protocol(env, tmp_path):
         assert play_gold(remote, task_id) == play_gold(env, task_id)
     finally:
         server.kill()
+
+
+class LookAround:
+    """Replies 'look around' to every prompt."""
+
+    def __init__(self, chat):
+        self.chat = chat
+
+    def generate(self, prompts, sampling):
+        from flywheel.inference import Generation
+
+        reply = "Thought: I look.\nAction: look around"
+        ids = self.chat.tokenizer(reply, add_special_tokens=False)["input_ids"]
+        return [Generation(reply, ids + [self.chat.tokenizer.eos_token_id], "stop")] * len(prompts)
+
+
+def java_children() -> int:
+    import psutil
+
+    return sum("java" in p.name() for p in psutil.Process().children(recursive=True))
+
+
+def test_a_rollout_ends_the_java_processes_it_leaves_idle(env, chat):
+    from agents.rollout import RolloutSettings, agent_prefix, run_batched
+    from envs.scienceworld import worlds
+
+    worlds.close_idle()
+    before = java_children()
+    capped = ScienceWorldEnv([TASK], variations=3)
+    capped.max_live_episodes = 2
+    trajectories = run_batched(
+        capped, capped.task_ids("train"), LookAround(chat), chat, agent_prefix(capped, []),
+        RolloutSettings(max_steps=2), progress=False,
+    )  # fmt: skip
+    assert [t.finish_reason for t in trajectories] == ["max_steps"] * 3
+    assert worlds._idle.qsize() == 0  # none kept for the stage after the rollout
+    deadline = time.monotonic() + 20  # a JVM told to stop exits within about a second
+    while java_children() > before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert java_children() <= before
