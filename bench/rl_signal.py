@@ -22,27 +22,21 @@ from pathlib import Path
 
 import torch
 
+from agents.episode_metrics import episode_metric_means, reward_groups
 from flywheel.records import Trajectory
 from training.advantages import group_index, grpo_advantages
-
-
-def read(path: Path) -> list[Trajectory]:
-    return [Trajectory.model_validate_json(line) for line in path.read_text().splitlines() if line]
+from training.rl import mixed_outcome_groups, read_trajectories
 
 
 def trained_groups(episodes: list[Trajectory], groups: str) -> list[Trajectory]:
-    """The episodes of the groups the round trains on: with reward variance (`all`), or holding
-    both a success and a failure (`mixed`)."""
-    by_group = collections.defaultdict(list)
-    for episode in episodes:
-        by_group[episode.group_id or episode.task_id].append(episode)
-    kept = []
-    for members in by_group.values():
-        outcomes = {e.success for e in members}
-        rewards = {e.reward for e in members}
-        if (groups == "mixed" and len(outcomes) == 2) or (groups == "all" and len(rewards) > 1):
-            kept += members
-    return kept
+    """The episodes of the groups the round trains on, as the trainer picks them: holding both
+    a success and a failure (`mixed`, `training.rl.mixed_outcome_groups`), or any with reward
+    variance (`all`: the others' advantages are 0). An episode without a group id is a group of
+    one, never trained on."""
+    if groups == "mixed":
+        return mixed_outcome_groups(episodes)
+    varied = {g for g, rewards in reward_groups(episodes).items() if len(set(rewards)) > 1}
+    return [e for e in episodes if e.group_id in varied]
 
 
 def tools_called(episode: Trajectory) -> str:
@@ -53,6 +47,8 @@ def tools_called(episode: Trajectory) -> str:
 
 
 def loss_tokens(episode: Trajectory) -> int:
+    """The tokens the policy sampled in the episode's loss turns (the trainer's mask also holds
+    each turn's end token where the model generated it)."""
     return sum(len(m.token_ids or ()) for m in episode.continuation if m.loss)
 
 
@@ -65,7 +61,7 @@ def advantage_by_kind(episodes: list[Trajectory]) -> dict[tuple, dict[str, float
     """Per kind of episode: count, mean and summed GRPO advantage, and the sum weighted by
     loss tokens."""
     rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float64)
-    groups = group_index([e.group_id or e.task_id for e in episodes])
+    groups = group_index([e.group_id for e in episodes])
     ones = torch.ones(len(episodes), 1)
     advantages = grpo_advantages(rewards, groups, ones)[:, 0].tolist()
     table: dict[tuple, dict[str, float]] = {}
@@ -84,24 +80,24 @@ def family(task_id: str) -> str:
 
 
 def behaviour(episodes: list[Trajectory]) -> dict[str, dict[str, float]]:
-    """Per family: solved, episodes, and the mean of each environment metric."""
-    out: dict[str, dict[str, float]] = {}
+    """Per family: episodes, solved, and the mean of each environment metric
+    (`episode_<name>`, `agents.episode_metrics.episode_metric_means`)."""
+    by_family = collections.defaultdict(list)
     for episode in episodes:
-        row = out.setdefault(family(episode.task_id), collections.defaultdict(float))
-        row["episodes"] += 1
-        row["solved"] += episode.success
-        for name, value in episode.metrics.items():
-            row[name] += value
-    for row in out.values():
-        for name in list(row):
-            if name not in ("episodes", "solved"):
-                row[name] /= row["episodes"]
-    return out
+        by_family[family(episode.task_id)].append(episode)
+    return {
+        name: {
+            "episodes": len(members),
+            "solved": sum(e.success for e in members),
+            **episode_metric_means(members),
+        }
+        for name, members in by_family.items()
+    }
 
 
 def print_signal(samples: list[Trajectory], groups: str) -> None:
     trained = trained_groups(samples, groups)
-    count = len({e.group_id or e.task_id for e in trained})
+    count = len({e.group_id for e in trained})
     print(
         f"{len(samples)} sampled episodes; {count} groups trained on ({groups}), {len(trained)} episodes\n"
     )
@@ -112,7 +108,7 @@ def print_signal(samples: list[Trajectory], groups: str) -> None:
             f"| {' | '.join(key)} | {row['n']} | {row['mean']:+.2f} | {row['sum']:+.1f} | "
             f"{row['token_sum']:+.0f} |"
         )
-    families = collections.Counter(family(g) for g in {e.group_id or e.task_id for e in trained})
+    families = collections.Counter(family(g) for g in {e.group_id for e in trained})
     print("\ntrained groups by family: " + ", ".join(f"{f} {n}" for f, n in families.most_common()))
 
 
@@ -123,7 +119,7 @@ def print_behaviour(before: list[Trajectory], after: list[Trajectory]) -> None:
     )
     print(
         "\n| family | episodes | solved before | solved after | "
-        + " | ".join(f"{m} before / after" for m in metrics)
+        + " | ".join(f"{m.removeprefix('episode_')} before / after" for m in metrics)
         + " |"
     )
     print("|---|---:|---:|---:|" + "---|" * len(metrics))
@@ -142,9 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--before", type=Path, help="the starting policy's evaluation trajectories")
     parser.add_argument("--after", type=Path, help="the trained policy's, on the same tasks")
     args = parser.parse_args(argv)
-    print_signal(read(args.samples), args.groups)
+    print_signal(read_trajectories(args.samples), args.groups)
     if args.before and args.after:
-        print_behaviour(read(args.before), read(args.after))
+        print_behaviour(read_trajectories(args.before), read_trajectories(args.after))
 
 
 if __name__ == "__main__":

@@ -57,4 +57,4 @@ def test_each_kind_gets_its_grpo_advantage_plain_and_by_loss_tokens():
 def test_behaviour_counts_solved_and_averages_metrics_per_family():
     rows = behaviour(GROUPS)
     assert rows["age"]["episodes"] == 2 and rows["age"]["solved"] == 1
-    assert rows["age"]["answered"] == 0.5 and rows["flat"]["solved"] == 0
+    assert rows["age"]["episode_answered"] == 0.5 and rows["flat"]["solved"] == 0
