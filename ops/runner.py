@@ -24,7 +24,7 @@ from flywheel.storage import FAILED, ArtifactStore
 from flywheel.tracking import Tracker, end_open_children, end_status
 from flywheel.watchdog import watchdog
 from ops.run_lock import RunLock, RunLocked
-from ops.shutdown import flow_process, stopping_children_on_error
+from ops.shutdown import flow_process, prefect_uses_temporary_server, stopping_children_on_error
 
 
 def preflight(cfg) -> ArtifactStore:
@@ -248,11 +248,7 @@ def share_prefect_api() -> None:
     """Processes started from here (Dask workers) report to this process's Prefect API: without
     a server (`PREFECT_API_URL` unset) that is the ephemeral one, which each worker would
     otherwise start again for itself."""
-    import os
-
-    from prefect.settings import get_current_settings
-
-    if get_current_settings().api.url or os.environ.get("PREFECT_API_URL"):
+    if not prefect_uses_temporary_server():
         return
     from prefect.server.api.server import SubprocessASGIServer
 

@@ -93,15 +93,24 @@ def keep_temporary_server_apart() -> None:
     run's state to it (Prefect's client backs off 2, 4, ..., 32 s a request): the flow exited 1
     to 6 minutes late and its run stayed Running. It is still the flow's child: its exit handler
     stops it, and the watchdog after a SIGKILL."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
-
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+    if not prefect_uses_temporary_server():
         return
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()  # the process's one, which Prefect's client starts
     if not server.running:
         server._run_uvicorn_command = in_own_session(server._run_uvicorn_command)
+
+
+def prefect_uses_temporary_server() -> bool:
+    """True when no Prefect API is configured (`PREFECT_API_URL` unset, in Prefect's settings or
+    this process's environment) and Prefect may start its temporary server on first use."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    if settings.api.url or os.environ.get("PREFECT_API_URL"):
+        return False
+    return bool(settings.server.ephemeral.enabled)
 
 
 def in_own_session(start_process):
