@@ -271,6 +271,20 @@ def report_markdown(
     return text
 
 
+def write_table_files(store: ArtifactStore, run_url: str, tables) -> None:
+    """results.json and paired.json (the greedy tables), results-<variant>.json and
+    paired-<variant>.json for each other evaluation this run made. A variant's files that an
+    earlier run of the same name left are removed: readers (bench/efficacy.py) take a file's
+    presence to mean this run evaluated that variant, and its episodes would be another policy's."""
+    for variant in VARIANT_TITLES.keys() - tables.keys():
+        for name in ("results", "paired"):
+            store.remove(f"{run_url}/{name}-{variant}.json")
+    for variant, (rows, paired) in tables.items():
+        suffix = f"-{variant}" if variant else ""
+        store.write_json(f"{run_url}/results{suffix}.json", rows)
+        store.write_json(f"{run_url}/paired{suffix}.json", paired)
+
+
 @report_task("report")
 def report_stage(
     store_url: str,
@@ -292,10 +306,7 @@ def report_stage(
     rows, paired = tables.get("", ([], []))
     table = report_markdown(tables, evaluated_split, splits or {})
     png = success_plot(rows, title, paired, evaluated_split)
-    for variant, (variant_rows, variant_paired) in tables.items():
-        suffix = f"-{variant}" if variant else ""  # results.json: the greedy table
-        store.write_json(f"{run_url}/results{suffix}.json", variant_rows)
-        store.write_json(f"{run_url}/paired{suffix}.json", variant_paired)
+    write_table_files(store, run_url, tables)
     noted = table + ("\n" + "".join(f"- {n}\n" for n in notes) if notes else "")
     store.write_text(f"{run_url}/results.md", noted)  # the tables, and why rounds stopped
     store.write_bytes(f"{run_url}/success_rate.png", png)

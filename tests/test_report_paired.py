@@ -20,6 +20,7 @@ from tasks.report import (
     splits_text,
     started_from,
     task_outcomes,
+    write_table_files,
 )
 from tests.test_qa_rollout import ScriptedQABackend, solver_replies
 
@@ -168,3 +169,17 @@ def test_each_variant_gets_its_own_tables_comparing_stages_evaluated_the_same_wa
     assert [(r["gained"], r["lost"]) for r in tables[""][1]] == [(1, 0)]
     text = report_markdown(tables, "test", {})
     assert "### Sampled episodes" in text and text.index("| sft |") < text.index("### Sampled")
+
+
+def test_a_report_without_sampled_episodes_removes_an_earlier_runs_sampled_tables(tmp_path):
+    # The same run name re-run without `evaluate.samples`: the sampled tables of the earlier
+    # run (another policy's episodes) must not be left beside the new greedy ones.
+    store = ArtifactStore(str(tmp_path))
+    run_url = store.url("run")
+    row = [{"stage": "sft", "success_rate": 0.5}]
+    write_table_files(store, run_url, {"": (row, []), "sampled": (row, [])})
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "paired-sampled.json", "paired.json", "results-sampled.json", "results.json",
+    ]  # fmt: skip
+    write_table_files(store, run_url, {"": (row, [])})
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["paired.json", "results.json"]
