@@ -475,7 +475,8 @@ class DPOSettings(TrainerSettings):
     batch_size: int = Field(default=2, ge=1)  # pairs per optimizer step
     # ETO keeps a failed exploration up to the expert's length plus this many turns.
     rejected_extra_turns: int = Field(default=5, ge=0)
-    # More of trl's DPOConfig, passed unchanged.
+    # More of trl's DPOConfig, passed unchanged. E.g. {loss_type: [sigmoid, sft], loss_weights:
+    # [1.0, 1.0]} adds an NLL term on the chosen side (RPO; bench/results-dpo-sweep.md).
     trl_args: dict[str, Any] = Field(default_factory=dict)
     # Settings that change from round to round: entry r-1 replaces the settings it names for
     # round r, the last entry holds for later rounds; a setting an entry leaves out keeps its
