@@ -254,8 +254,9 @@ def variants_present(store: Path, args, seeds: list[int]) -> list[str]:
     "harder", "harder-sampled" as `evaluate.samples` and `evaluate.harder_max_expert_steps`
     asked): those whose results file each run of the bench has."""
     runs = [store / run_name(r, s) for r in args.recipes for s in seeds]
-    candidates = ["sampled", "harder", "harder-sampled"]
-    return [""] + [v for v in candidates if all((r / f"results-{v}.json").exists() for r in runs)]
+    return [""] + [
+        v for v in VARIANT_TITLES if all((r / f"results-{v}.json").exists() for r in runs)
+    ]
 
 
 def stage_starts(store: Path, recipe: str, seed: int) -> dict[str, str]:

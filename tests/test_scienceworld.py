@@ -124,18 +124,7 @@ def test_served_over_the_sciworld_protocol(env, tmp_path):
         server.kill()
 
 
-class LookAround:
-    """Replies 'look around' to every prompt."""
-
-    def __init__(self, chat):
-        self.chat = chat
-
-    def generate(self, prompts, sampling):
-        from flywheel.inference import Generation
-
-        reply = "Thought: I look.\nAction: look around"
-        ids = self.chat.tokenizer(reply, add_special_tokens=False)["input_ids"]
-        return [Generation(reply, ids + [self.chat.tokenizer.eos_token_id], "stop")] * len(prompts)
+LOOK = "Thought: I look.\nAction: look around"  # 3 episodes x 2 steps of it
 
 
 def java_children() -> int:
@@ -147,14 +136,15 @@ def java_children() -> int:
 def test_a_rollout_ends_the_java_processes_it_leaves_idle(env, chat):
     from agents.rollout import RolloutSettings, agent_prefix, run_batched
     from envs.scienceworld import worlds
+    from tests.test_agentgym_expert import ScriptedReplies
 
     worlds.close_idle()
     before = java_children()
     capped = ScienceWorldEnv([TASK], variations=3)
     capped.max_live_episodes = 2
     trajectories = run_batched(
-        capped, capped.task_ids("train"), LookAround(chat), chat, agent_prefix(capped, []),
-        RolloutSettings(max_steps=2), progress=False,
+        capped, capped.task_ids("train"), ScriptedReplies(chat.tokenizer, [LOOK] * 6), chat,
+        agent_prefix(capped, []), RolloutSettings(max_steps=2), progress=False,
     )  # fmt: skip
     assert [t.finish_reason for t in trajectories] == ["max_steps"] * 3
     assert worlds._idle.qsize() == 0  # none kept for the stage after the rollout
