@@ -1,6 +1,7 @@
 """Does an Agent-R policy revise? For each evaluated stage of a run: the episodes where the game
-refused an action, how many of those still reached the goal, and how many episodes hold a
-revision turn (one of the thoughts the splice stage trains on, `tasks.splice.REVISION_THOUGHTS`).
+refused an action, how many of those still reached the goal, how many answer a refusal with the
+revision turn's action (the environment's no-op, TextCraft's `inventory`), and how many hold a
+revision turn's thought (one the splice stage trains on, `tasks.splice.REVISION_THOUGHTS`).
 
     python -m bench.revision_turns runs/agent-r-textcraft
     python -m bench.revision_turns runs/efficacy-agent-r-seed0 --split validation
@@ -15,28 +16,42 @@ import argparse
 from pathlib import Path
 
 from bench.failed_turns import FAILURE
+from envs.textcraft import TextCraftEnv
+from flywheel.chat import parse_reply
 from flywheel.records import Trajectory
 from flywheel.settings import EvaluateSettings
 from tasks.splice import REVISION_THOUGHTS
 
 
-def revision_behaviour(episodes: list[Trajectory], failure: str = FAILURE) -> dict[str, int]:
-    """Episodes; those with a refused action; of those, solved; those with a revision turn."""
-    refused = solved_after_refusal = revised = 0
+def refusals(episode: Trajectory, failure: str) -> list[int]:
+    """Positions of the observations that report an action of the agent's refused."""
+    messages = episode.messages
+    return [
+        i for i in range(1, len(messages))
+        if messages[i - 1].role == "assistant" and messages[i].role == "user"
+        and failure in messages[i].content
+    ]  # fmt: skip
+
+
+def revision_behaviour(
+    episodes: list[Trajectory], failure: str = FAILURE, noop: str = TextCraftEnv.noop_action
+) -> dict[str, int]:
+    """Episodes; those with a refused action; of those, solved; those answering a refusal with the
+    no-op action; those holding a revision thought."""
+    refused = solved_after_refusal = noop_after_refusal = revised = 0
     for episode in episodes:
-        replies = [m.content for m in episode.messages if m.role == "assistant"]
-        observations = [
-            later.content
-            for earlier, later in zip(episode.messages, episode.messages[1:], strict=False)
-            if earlier.role == "assistant" and later.role == "user"
-        ]
-        was_refused = any(failure in text for text in observations)
-        refused += was_refused
-        solved_after_refusal += was_refused and episode.success
+        messages, refused_at = episode.messages, refusals(episode, failure)
+        refused += bool(refused_at)
+        solved_after_refusal += bool(refused_at) and episode.success
+        noop_after_refusal += any(
+            i + 1 < len(messages) and parse_reply(messages[i + 1].content).action == noop
+            for i in refused_at
+        )
+        replies = [m.content for m in messages if m.role == "assistant"]
         revised += any(thought in reply for reply in replies for thought in REVISION_THOUGHTS)
     return {
-        "episodes": len(episodes), "refused": refused,
-        "solved_after_refusal": solved_after_refusal, "revised": revised,
+        "episodes": len(episodes), "refused": refused, "solved_after_refusal": solved_after_refusal,
+        "noop_after_refusal": noop_after_refusal, "revised": revised,
     }  # fmt: skip
 
 
@@ -54,6 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", choices=["test", "validation"], default="test",
                         help="which evaluations: validation while choosing settings")  # fmt: skip
     parser.add_argument("--failure", default=FAILURE, help="text of a refused action's observation")
+    parser.add_argument("--noop", default=TextCraftEnv.noop_action,
+                        help="the revision turn's action (the environment's no-op)")  # fmt: skip
     args = parser.parse_args(argv)
     folder = args.run / EvaluateSettings(split=args.split).folder
     evaluated = sorted(p.name for p in folder.glob("*") if (p / "trajectories.jsonl").exists())
@@ -62,15 +79,18 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"no evaluation of stage {stage!r} in {folder}; evaluated: {evaluated}")
     if not evaluated:
         parser.error(f"no evaluated stage in {folder}: run the recipe first, or pick --split")
-    print("| stage | episodes | a refused action | solved after one | a revision turn |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| stage | episodes | a refused action | solved after one | the no-op after one "
+        "| a revision thought |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     for stage in args.stages or evaluated:
-        counts = revision_behaviour(
-            read_episodes(folder / stage / "trajectories.jsonl"), args.failure
-        )
+        episodes = read_episodes(folder / stage / "trajectories.jsonl")
+        counts = revision_behaviour(episodes, args.failure, args.noop)
         print(
             f"| {stage} | {counts['episodes']} | {counts['refused']} | "
-            f"{counts['solved_after_refusal']} | {counts['revised']} |"
+            f"{counts['solved_after_refusal']} | {counts['noop_after_refusal']} | "
+            f"{counts['revised']} |"
         )
 
 

@@ -27,6 +27,7 @@ def write_stage(run: Path, stage: str, episodes: list[dict]) -> None:
 
 
 REVISION = f"Thought: {REVISION_THOUGHTS[1]}\nAction: inventory"
+LOOK = "Thought: I check what I have.\nAction: inventory"
 EPISODES = [
     # refused, then revised and solved
     episode(
@@ -37,15 +38,19 @@ EPISODES = [
     episode("b", [("get 1 x", "Could not find x"), ("get 1 x", "Could not find x")], False),
     episode("c", [("get 1 y", "Got 1 y")], True),
     episode("d", [("craft 1 z", "Crafted 1 z")], False),
+    # the revision's action after a refusal, without its thought
+    episode("e", [("get 1 x", "Could not find x"), (LOOK, "Inventory: []")], False),
+    # the no-op where nothing was refused
+    episode("f", [(LOOK, "Inventory: []"), ("get 1 x", "Could not find x")], False),
 ]
 
 
 def test_counts_refusals_recoveries_and_revision_turns(tmp_path, capsys):
     write_stage(tmp_path, "agent-r-round-1", EPISODES)
-    write_stage(tmp_path, "sft", EPISODES[1:])
+    write_stage(tmp_path, "sft", EPISODES[1:4])
     revision_turns.main([str(tmp_path), "--split", "validation"])
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[2:] == ["| agent-r-round-1 | 4 | 2 | 1 | 1 |", "| sft | 3 | 1 | 0 | 0 |"]
+    assert lines[2:] == ["| agent-r-round-1 | 6 | 4 | 1 | 2 | 1 |", "| sft | 3 | 1 | 0 | 0 | 0 |"]
 
 
 def test_a_refusal_only_counts_in_an_observation(tmp_path):
