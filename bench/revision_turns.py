@@ -5,6 +5,7 @@ revision turn's thought (one the splice stage trains on, `tasks.splice.REVISION_
 
     python -m bench.revision_turns runs/agent-r-textcraft
     python -m bench.revision_turns runs/efficacy-agent-r-seed0 --split validation
+    python -m bench.revision_turns runs/agent-r-textcraft --max-steps 6   # + the round's revisions
 
 Agent-R's round is meant to teach the policy to notice its error and go back; a round whose
 evaluations show no revision turn changed the policy some other way.
@@ -47,12 +48,24 @@ def revision_behaviour(
             i + 1 < len(messages) and parse_reply(messages[i + 1].content).action == noop
             for i in refused_at
         )
-        replies = [m.content for m in messages if m.role == "assistant"]
-        revised += any(thought in reply for reply in replies for thought in REVISION_THOUGHTS)
+        revised += has_revision_thought(episode)
     return {
         "episodes": len(episodes), "refused": refused, "solved_after_refusal": solved_after_refusal,
         "noop_after_refusal": noop_after_refusal, "revised": revised,
     }  # fmt: skip
+
+
+def has_revision_thought(record: Trajectory) -> bool:
+    replies = [m.content for m in record.messages if m.role == "assistant"]
+    return any(thought in reply for reply in replies for thought in REVISION_THOUGHTS)
+
+
+def revision_lengths(records: list[Trajectory]) -> list[int]:
+    """Agent turns of each training row that holds a revision turn, shortest first: a row longer
+    than the evaluation's step limit shows a recovery no evaluated episode has room for."""
+    return sorted(
+        sum(m.role == "assistant" for m in r.messages) for r in records if has_revision_thought(r)
+    )
 
 
 def read_episodes(path: Path) -> list[Trajectory]:
@@ -71,6 +84,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--failure", default=FAILURE, help="text of a refused action's observation")
     parser.add_argument("--noop", default=TextCraftEnv.noop_action,
                         help="the revision turn's action (the environment's no-op)")  # fmt: skip
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="the run's env.max_steps: also list the length of every revision row "
+                        "of each round's training data against it")  # fmt: skip
     args = parser.parse_args(argv)
     folder = args.run / EvaluateSettings(split=args.split).folder
     evaluated = sorted(p.name for p in folder.glob("*") if (p / "trajectories.jsonl").exists())
@@ -92,6 +108,14 @@ def main(argv: list[str] | None = None) -> None:
             f"{counts['solved_after_refusal']} | {counts['noop_after_refusal']} | "
             f"{counts['revised']} |"
         )
+    if args.max_steps is not None:
+        for data in sorted(args.run.glob("round-*/revisions/trajectories.jsonl")):
+            lengths = revision_lengths(read_episodes(data))
+            fit = sum(n <= args.max_steps for n in lengths)
+            print(
+                f"{data.parent.parent.name}: {len(lengths)} revision rows, {fit} within "
+                f"{args.max_steps} agent turns; turns: {lengths}"
+            )
 
 
 if __name__ == "__main__":

@@ -65,3 +65,18 @@ def test_an_unknown_stage_is_named_with_the_evaluated_ones(tmp_path, capsys):
         revision_turns.main([str(tmp_path), "round-9", "--split", "validation"])
     err = capsys.readouterr().err
     assert "round-9" in err and "['sft']" in err
+
+
+def test_lists_revision_rows_against_the_step_limit(tmp_path, capsys):
+    write_stage(tmp_path, "sft", EPISODES)
+    rows = [
+        EPISODES[0],  # 3 agent turns, one of them a revision
+        episode("g", [("get 1 x", "Could not find x"), (REVISION, "Inventory: []")] * 2, False),
+        EPISODES[2],  # a good path: no revision, not listed
+    ]
+    data = tmp_path / "round-1" / "revisions"
+    data.mkdir(parents=True)
+    (data / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    revision_turns.main([str(tmp_path), "--split", "validation", "--max-steps", "3"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "round-1: 2 revision rows, 1 within 3 agent turns; turns: [3, 4]"
