@@ -25,7 +25,7 @@ from tasks.splice import REVISION_THOUGHTS
 
 
 def refusals(episode: Trajectory, failure: str) -> list[int]:
-    """Positions of the observations that report an action of the agent's refused."""
+    """Positions of the observations saying that the agent's action was refused."""
     messages = episode.messages
     return [
         i for i in range(1, len(messages))
@@ -109,7 +109,10 @@ def main(argv: list[str] | None = None) -> None:
             f"{counts['revised']} |"
         )
     if args.max_steps is not None:
-        for data in sorted(args.run.glob("round-*/revisions/trajectories.jsonl")):
+        rounds = sorted(args.run.glob("round-*/revisions/trajectories.jsonl"))
+        if not rounds:
+            print(f"no round's revision rows under {args.run} (round-*/revisions)")
+        for data in rounds:
             lengths = revision_lengths(read_episodes(data))
             fit = sum(n <= args.max_steps for n in lengths)
             print(
