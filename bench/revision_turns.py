@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bench.dpo_margins import read_records
 from bench.failed_turns import FAILURE
 from envs.textcraft import TextCraftEnv
 from flywheel.chat import parse_reply
@@ -68,11 +69,6 @@ def revision_lengths(records: list[Trajectory]) -> list[int]:
     )
 
 
-def read_episodes(path: Path) -> list[Trajectory]:
-    lines = path.read_text().splitlines()
-    return [Trajectory.model_validate_json(line) for line in lines if line.strip()]
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -101,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print("|---|---:|---:|---:|---:|---:|")
     for stage in args.stages or evaluated:
-        episodes = read_episodes(folder / stage / "trajectories.jsonl")
+        episodes = read_records(folder / stage / "trajectories.jsonl", Trajectory)
         counts = revision_behaviour(episodes, args.failure, args.noop)
         print(
             f"| {stage} | {counts['episodes']} | {counts['refused']} | "
@@ -113,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         if not rounds:
             print(f"no round's revision rows under {args.run} (round-*/revisions)")
         for data in rounds:
-            lengths = revision_lengths(read_episodes(data))
+            lengths = revision_lengths(read_records(data, Trajectory))
             fit = sum(n <= args.max_steps for n in lengths)
             print(
                 f"{data.parent.parent.name}: {len(lengths)} revision rows, {fit} within "
