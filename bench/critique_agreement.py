@@ -31,6 +31,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from agents.mcts import Critique, PathPair, SearchTree
+from bench.run_files import read_records
 from tasks.critique import CritiqueSettings, critique_metrics, critique_pairs
 from tasks.select_paths import select_pairs
 
@@ -41,10 +42,6 @@ def _path(url: str) -> Path:
 
 def _manifest(folder: Path) -> dict:
     return json.loads((folder / "_MANIFEST.json").read_text())
-
-
-def _records(path: Path, kind):
-    return [kind.model_validate_json(line) for line in path.read_text().splitlines() if line]
 
 
 class TransformersScorer:
@@ -172,10 +169,12 @@ def recorded(run: Path, round_no: int) -> None:
     from envs.textcraft import wasted_steps
 
     round_dir = run / f"round-{round_no}"
-    trees = _records(_path(_manifest(round_dir / "mcts")["files"]["trees"]), SearchTree)
+    trees = read_records(_path(_manifest(round_dir / "mcts")["files"]["trees"]), SearchTree)
     by_task = {t.task_id: t for t in trees}
-    pairs = _records(_path(_manifest(round_dir / "paths")["files"]["pairs"]), PathPair)
-    critiques = _records(_path(_manifest(round_dir / "critique")["files"]["critiques"]), Critique)
+    pairs = read_records(_path(_manifest(round_dir / "paths")["files"]["pairs"]), PathPair)
+    critiques = read_records(
+        _path(_manifest(round_dir / "critique")["files"]["critiques"]), Critique
+    )
     rows, steps = {"as recorded": [], "highest P(Bad)": [], "divergence": []}, []
     for c in critiques:
         pair = pairs[c.pair]
@@ -237,12 +236,12 @@ def main(argv: list[str] | None = None) -> None:
 
     run = Path(args.run)
     round_dir = run / f"round-{args.round}"
-    trees = _records(_path(_manifest(round_dir / "mcts")["files"]["trees"]), SearchTree)
+    trees = read_records(_path(_manifest(round_dir / "mcts")["files"]["trees"]), SearchTree)
     paths = _manifest(round_dir / "paths")
     model_url = next(u for u in _manifest(round_dir / "critique")["upstream"] if "model" in u)
     model_dir = str(_path(model_url))
     if args.pairs == "selected":
-        pairs = _records(_path(paths["files"]["pairs"]), PathPair)
+        pairs = read_records(_path(paths["files"]["pairs"]), PathPair)
     else:
         pairs = all_pairs(trees, paths["metrics"]["alpha"], paths["metrics"]["beta"])
     by_task = {t.task_id: t for t in trees}

@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.run_files import read_records
 from flywheel.records import Pair, Trajectory
 
 
@@ -41,10 +42,6 @@ class Scored:
     turns_exact: int  # turns whose every token the model ranks first
     actions: int = 0  # the turns' commands (what follows "Action:"), where marked
     actions_exact: int = 0  # commands whose every token the model ranks first, given the thought
-
-
-def read_records(path: Path, kind):
-    return [kind.model_validate_json(line) for line in path.read_text().splitlines() if line]
 
 
 def mask_runs(mask: list[int]) -> list[tuple[int, int]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bench.run_files import read_records
 from flywheel.records import Trajectory
 
 FAILURE = "Could not"  # TextCraft's reply to an action it cannot carry out
@@ -38,8 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--failure", default=FAILURE, help="text of a failed-action observation")
     args = parser.parse_args(argv)
     for path in args.files:
-        lines = path.read_text().splitlines()
-        records = [Trajectory.model_validate_json(line) for line in lines if line.strip()]
+        records = read_records(path, Trajectory)
         turns, failed = failed_turns(records, args.failure)
         share = f"{failed / turns:.0%}" if turns else "-"
         print(f"{path}: {len(records)} rows, {turns} trained turns, {failed} ({share}) failed")

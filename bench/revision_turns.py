@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.dpo_margins import read_records
 from bench.failed_turns import FAILURE
+from bench.run_files import read_records
 from envs.textcraft import TextCraftEnv
 from flywheel.chat import parse_reply
 from flywheel.records import Trajectory

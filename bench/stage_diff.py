@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bench.run_files import read_records
 from flywheel.records import Trajectory
 from flywheel.settings import EvaluateSettings
 
@@ -22,11 +23,9 @@ from flywheel.settings import EvaluateSettings
 def episodes(path: Path) -> dict[str, tuple[list[str], bool]]:
     """Task id -> (the assistant's replies, solved) of one stage's evaluation trajectories."""
     out = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            episode = Trajectory.model_validate_json(line)
-            replies = [m.content for m in episode.messages if m.role == "assistant"]
-            out[episode.task_id] = (replies, episode.success)
+    for episode in read_records(path, Trajectory):
+        replies = [m.content for m in episode.messages if m.role == "assistant"]
+        out[episode.task_id] = (replies, episode.success)
     return out
 
 
