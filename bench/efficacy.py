@@ -74,8 +74,9 @@ ENVIRONMENT = {"eto": "textcraft", "agent-r": "textcraft", "agent-r1": "qa", "et
 # Of the 99 easy train tasks, 20 are held out as the validation split (seeded apart from the
 # run's seed, so every seed holds out the same ones), leaving 79 to train on (train_tasks=null:
 # all that remain; the shipped configs name 99).
-# The QA recipes keep their shipped budget (64 solver trajectories of the 330 train questions,
-# 120 or 100 test questions) and hold 40 train questions out, which they never sample or train on.
+# The QA recipes keep their shipped budget (solver trajectories of every train question for
+# Agent-R1's warm start, 64 for ET-Agent's; 120 or 100 test questions) and hold 40 train questions
+# out, which they never sample or train on.
 VALIDATION_TASKS = {"textcraft": 20, "qa": 40}
 BUDGET = {
     "textcraft": [
