@@ -73,9 +73,12 @@ def test_every_budget_is_valid_settings_of_its_recipe(tmp_path):
 def test_the_qa_recipes_hold_validation_questions_out_of_what_they_train_on(tmp_path):
     args = arguments(tmp_path)
     splits = efficacy.task_splits("agent-r1", efficacy.recipe_settings("agent-r1", args), 0)
-    assert {k: len(v) for k, v in splits.items()} == {"train": 64, "validation": 40, "test": 120}
+    # Agent-R1's warm start takes every train question but the 40 held out (330 in all).
+    assert {k: len(v) for k, v in splits.items()} == {"train": 290, "validation": 40, "test": 120}
+    assert not set(splits["train"]) & set(splits["validation"])
     et_agent = efficacy.task_splits("et-agent", efficacy.recipe_settings("et-agent", args), 0)
     assert et_agent["validation"] == splits["validation"] and len(et_agent["test"]) == 100
+    assert len(et_agent["train"]) == 64 and not set(et_agent["train"]) & set(splits["validation"])
 
 
 def arguments(tmp_path, *extra):
