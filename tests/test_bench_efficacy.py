@@ -226,3 +226,52 @@ def test_tool_calls_per_correct_answer_pooled_and_paired_against_the_start(tmp_p
     write_run(tmp_path, "eto", 0, {"sft": {"a": True}}, {})
     write_run(tmp_path, "eto", 1, {"sft": {"a": True}}, {})
     assert efficacy.efficiency_lines(args, tmp_path, [0, 1], "") == []
+
+
+def test_et_agents_later_stages_are_also_paired_against_rft(tmp_path):
+    """ET-Agent's claim is against RFT, but stage 2 starts from stage 1: both rows are given."""
+    order = ["warm-start", "rft", "stage-1", "stage-2"]
+    starts = {"rft": "warm-start", "stage-1": "rft", "stage-2": "stage-1"}
+    assert efficacy.compared_starts("et-agent", "stage-2", starts, order) == ["stage-1", "rft"]
+    assert efficacy.compared_starts("et-agent", "stage-1", starts, order) == ["rft"]
+    assert efficacy.compared_starts("et-agent", "rft", starts, order) == ["warm-start"]
+    assert efficacy.compared_starts("et-agent", "warm-start", starts, order) == []
+    eto = ["sft", "eto-round-1", "eto-round-2"]
+    eto_starts = {"eto-round-1": "sft", "eto-round-2": "eto-round-1"}
+    assert efficacy.compared_starts("eto", "eto-round-2", eto_starts, eto) == ["eto-round-1"]
+
+    args = arguments(tmp_path)
+    args.recipes = ["et-agent"]
+    played = {  # stage -> task -> (tool calls, solved)
+        "warm-start": {"a": (0, False), "b": (0, False)},
+        "rft": {"a": (4, True), "b": (2, False)},
+        "stage-1": {"a": (2, True), "b": (2, True)},
+        "stage-2": {"a": (1, True), "b": (1, False)},
+    }
+    write_run(tmp_path, "et-agent", 0, {k: {} for k in played}, starts)
+    for stage, tasks in played.items():
+        lines = [
+            json.dumps({"task_id": t, "success": ok, "metrics": {"tool_calls": calls}})
+            for t, (calls, ok) in tasks.items()
+        ]
+        path = tmp_path / efficacy.run_name("et-agent", 0) / "evaluate" / stage
+        (path / "trajectories.jsonl").write_text("\n".join(lines))
+    # calls per correct answer: RFT 6 over 1, stage 1 4 over 2, stage 2 2 over 1
+    stage_2 = [
+        line
+        for line in efficacy.efficiency_lines(args, tmp_path, [0], "")
+        if line.startswith("| et-agent | stage-2 |")
+    ]
+    assert [line.split(" | ")[2:5] for line in stage_2] == [
+        ["2.0", "stage-1", "+0.0"],
+        ["2.0", "rft", "-4.0"],
+    ]
+    _, paired, _, differences, _ = efficacy.variant_tables(args, tmp_path, [0], "")
+    assert [line.split(" | ")[2:7] for line in paired if "| stage-2 |" in line] == [
+        ["stage-1", "2", "0", "1", "-50.0%"],
+        ["rft", "2", "0", "0", "+0.0%"],
+    ]
+    # the plot keeps one difference a stage: against its start
+    assert [(d["stage"], d["start"]) for d in differences["et-agent"]] == [
+        ("rft", "warm-start"), ("stage-1", "rft"), ("stage-2", "stage-1"),
+    ]  # fmt: skip
