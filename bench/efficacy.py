@@ -172,13 +172,14 @@ def task_splits(recipe: str, overrides: list[str], seed: int) -> dict[str, list[
     from envs import make_env
     from envs.task_selection import task_list
     from flywheel.config_files import load_config
+    from ops.driver import HELD_OUT_SEED
     from tasks.evaluate import evaluation_splits
 
     config = str(ROOT / RECIPES[recipe][1])
     settings = load_config(config_model(recipe), config, [*overrides, f"seed={seed}"])
     env = make_env(settings.env)
     splits = {"train": task_list(env, "train", settings.env, seed)}
-    splits.update(evaluation_splits(env, settings.env, seed))
+    splits.update(evaluation_splits(env, settings.env, HELD_OUT_SEED))
     check_disjoint(splits)
     return splits
 
@@ -285,8 +286,14 @@ def tokens_trained(store: Path, recipe: str, seed: int) -> dict[str, int]:
 
 def bootstrap_interval(table: list[dict[str, bool]], resamples: int, seed: int = 0):
     """95% percentile interval of the mean success over seeds (rows) and tasks, both resampled."""
-    rng = random.Random(seed)
     tasks = sorted(table[0])
+    if any(sorted(row) != tasks for row in table):
+        raise ValueError(
+            "the seeds' runs evaluated different tasks, so they cannot be pooled task by task: "
+            "runs made before the test tasks stopped depending on the run's seed "
+            "(ops.driver.HELD_OUT_SEED); run their evaluations again with this code"
+        )
+    rng = random.Random(seed)
     means = []
     for _ in range(resamples):
         seeds = [rng.choice(table) for _ in table]

@@ -33,6 +33,12 @@ from tasks.prepare_model import model_stage_url, prepare_model_inputs, prepare_m
 from tasks.report import report_stage
 from tasks.sft import SFTInputs, sft_stage
 
+# The seed that samples a run's test tasks (`env.test_tasks` of a larger split): one for every
+# run seed, so that the seeds of a bench evaluate the same tasks and pair task by task. The train
+# tasks stay the run seed's sample; the validation split is seeded apart already. 0 keeps the
+# test lists that runs of seed 0 were measured on.
+HELD_OUT_SEED = 0
+
 
 class RoundResult(BaseModel):
     """What round 0 (`Recipe.start`) or a later round (`Recipe.round`) produced."""
@@ -80,7 +86,7 @@ class Recipe:
         self.env = make_env(cfg.env)
         self.train_ids = task_list(self.env, "train", cfg.env, cfg.seed)
         # The held-out task lists; every policy is evaluated on `evaluate.split`'s.
-        self.splits = evaluation_splits(self.env, cfg.env, cfg.seed)
+        self.splits = evaluation_splits(self.env, cfg.env, HELD_OUT_SEED)
         self.evaluation_ids = self.splits[cfg.evaluate.split]
         longest = cfg.evaluate.harder_max_expert_steps
         self.harder_ids = harder_tasks(self.env, cfg.env, longest) if longest else None

@@ -62,7 +62,9 @@ def evaluation_splits(
 ) -> dict[str, list[str]]:
     """The run's held-out task lists by split: "validation", the train tasks the run holds out
     (`env.validation_tasks`, when set), and "test", the test tasks it uses (`env.test_tasks`
-    within `env.max_expert_steps`). Disjoint from each other and from the train tasks."""
+    within `env.max_expert_steps`, sampled with `seed`: runs pass `ops.driver.HELD_OUT_SEED`,
+    one for every run seed, so seeds pair task by task). Disjoint from each other and from the
+    train tasks."""
     splits = {"test": task_list(env, "test", env_settings, seed)}
     validation = env.validation_ids()
     return {"validation": validation, **splits} if validation else splits

@@ -275,3 +275,9 @@ def test_et_agents_later_stages_are_also_paired_against_rft(tmp_path):
     assert [(d["stage"], d["start"]) for d in differences["et-agent"]] == [
         ("rft", "warm-start"), ("stage-1", "rft"), ("stage-2", "stage-1"),
     ]  # fmt: skip
+
+
+def test_seeds_that_evaluated_different_tasks_are_refused_not_pooled():
+    assert efficacy.bootstrap_interval([{"a": True, "b": False}, {"b": True, "a": True}], 50)
+    with pytest.raises(ValueError, match="evaluated different tasks"):
+        efficacy.bootstrap_interval([{"a": True, "b": False}, {"a": True, "c": True}], 50)

@@ -14,6 +14,7 @@ from envs.task_selection import task_list
 from flows.eto import ETOConfig
 from flywheel.config_files import ConfigError
 from flywheel.settings import EnvSettings
+from ops.driver import HELD_OUT_SEED
 from tasks.evaluate import evaluation_splits
 
 
@@ -22,7 +23,7 @@ def splits_of(settings: EnvSettings, seed: int = 0) -> dict[str, list[str]]:
     env = make_env(settings)
     return {
         "train": task_list(env, "train", settings, seed),
-        **evaluation_splits(env, settings, seed),
+        **evaluation_splits(env, settings, HELD_OUT_SEED),
     }
 
 
@@ -150,3 +151,20 @@ def test_environment_servers_still_serve_every_task_with_a_validation_split():
     served = served_task_ids(held)
     assert sorted(served) == sorted(plain) and len(served) == 321 + 98
     assert served[321 - 5 : 321] == held.task_ids("validation")  # after the train tasks
+
+
+def test_every_seed_of_a_run_evaluates_the_same_test_tasks_and_trains_on_its_own_sample(tmp_path):
+    """A bench pairs its seeds task by task, so the test tasks a run samples from a larger split
+    (QA: 120 of 165) must not depend on the run's seed; its train sample does."""
+    from flows.agent_r1 import AgentR1, AgentR1Config
+    from flywheel.storage import ArtifactStore
+
+    store = ArtifactStore(str(tmp_path))
+    qa = {"name": "qa", "train_tasks": 64, "test_tasks": 120, "validation_tasks": 40}
+    runs = [
+        AgentR1(AgentR1Config.model_validate({"env": qa, "seed": seed}), store, None)
+        for seed in (0, 1)
+    ]
+    assert len(runs[0].env.task_ids("test")) == 165  # so 120 of them is a sample
+    assert runs[0].splits["test"] == runs[1].splits["test"] and len(runs[0].splits["test"]) == 120
+    assert runs[0].train_ids != runs[1].train_ids  # each seed trains on its own 64
