@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,11 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 SLEEPING_FLOW = """
+import faulthandler
+import signal
 import time
+
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for stacks if it hangs
 
 import flows  # noqa: F401  (every flow's Prefect settings)
 from prefect import flow, runtime
@@ -25,7 +30,11 @@ from ops.shutdown import flow_process
 @flow(name="sleeper")
 def sleeper():
     print("running", runtime.flow_run.id, flush=True)
-    time.sleep(600)
+    # Short sleeps: Linux may hand a group's signal to one of Prefect's threads, and then only
+    # the main thread's next bytecode runs the handler; one 600 s sleep left it pending for
+    # minutes (faulthandler's stacks, 1 run in 3 beside test_campaign under -n 2).
+    for _ in range(600):
+        time.sleep(1)
 
 with flow_process():
     sleeper(return_state=True)
@@ -33,17 +42,24 @@ with flow_process():
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_signal_to_the_process_group_leaves_the_run_crashed_not_running(signum):
-    flow = subprocess.Popen(
-        [sys.executable, "-c", SLEEPING_FLOW], cwd=REPO, stdout=subprocess.PIPE, text=True,
-        env={k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
-        start_new_session=True,  # its own group, as a terminal's foreground job
-    )  # fmt: skip
+def test_a_signal_to_the_process_group_leaves_the_run_crashed_not_running(signum, tmp_path):
+    stderr = tmp_path / "flow-stderr.log"  # read back when it fails: where the exit hung
+    with stderr.open("w") as err:
+        flow = subprocess.Popen(
+            [sys.executable, "-c", SLEEPING_FLOW], cwd=REPO, stdout=subprocess.PIPE, stderr=err,
+            text=True, env={k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
+            start_new_session=True,  # its own group, as a terminal's foreground job
+        )  # fmt: skip
     try:
         line = flow.stdout.readline()
-        assert line.startswith("running"), line
+        assert line.startswith("running"), line + stderr.read_text()[-3000:]
         os.killpg(flow.pid, signum)
-        flow.wait(timeout=60)  # the old way took 108 s for SIGINT here
+        try:
+            flow.wait(timeout=60)  # the old way took 108 s for SIGINT here
+        except subprocess.TimeoutExpired:
+            os.kill(flow.pid, signal.SIGUSR1)  # every thread's stack to its stderr
+            time.sleep(2)
+            pytest.fail("the flow did not exit in 60 s; its stderr:\n" + stderr.read_text()[-8000:])
     finally:
         if flow.poll() is None:
             os.killpg(flow.pid, signal.SIGKILL)
