@@ -522,7 +522,7 @@ def variant_tables(args, store: Path, seeds: list[int], variant: str):
                 pair = paired_row(stage, start, outcomes, args.bootstrap)
                 if pair:
                     paired.append(paired_line(recipe, pair))
-                    if start == starts[stage]:  # the plot shows each stage against its start
+                    if start == starts.get(stage):  # the plot: each stage against its start
                         differences[recipe].append(pair)
     return rows, paired, curves, differences, per_seed
 

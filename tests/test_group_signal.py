@@ -30,15 +30,24 @@ from ops.shutdown import flow_process
 @flow(name="sleeper")
 def sleeper():
     print("running", runtime.flow_run.id, flush=True)
-    # Short sleeps: Linux may hand a group's signal to one of Prefect's threads, and then only
-    # the main thread's next bytecode runs the handler; one 600 s sleep left it pending for
-    # minutes (faulthandler's stacks, 1 run in 3 beside test_campaign under -n 2).
+    # 1 s steps: Linux may hand the group's signal to one of Prefect's threads, and Python runs
+    # the handler only at the main thread's next bytecode; one 600 s sleep left it pending past
+    # the test's bound (faulthandler's stacks: the handler ran once another signal woke it).
     for _ in range(600):
         time.sleep(1)
 
 with flow_process():
     sleeper(return_state=True)
 """
+
+
+def default_stop_signals():
+    """The flow starts with SIGINT and SIGTERM at their defaults, as a shell starts a job. A
+    child inherits an ignored signal, and Python leaves an ignored SIGINT ignored: after some
+    test left SIGINT ignored in the pytest worker, the flow slept through the Ctrl-C (the flake
+    under -n 2; reproduced by running this file with SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
@@ -49,6 +58,7 @@ def test_a_signal_to_the_process_group_leaves_the_run_crashed_not_running(signum
             [sys.executable, "-c", SLEEPING_FLOW], cwd=REPO, stdout=subprocess.PIPE, stderr=err,
             text=True, env={k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
             start_new_session=True,  # its own group, as a terminal's foreground job
+            preexec_fn=default_stop_signals,
         )  # fmt: skip
     try:
         line = flow.stdout.readline()
