@@ -170,16 +170,12 @@ def task_splits(recipe: str, overrides: list[str], seed: int) -> dict[str, list[
     """The train tasks a run of `recipe` trains on, and its validation and test tasks, as the
     flow computes them; refused when any two share a task."""
     from envs import make_env
-    from envs.task_selection import task_list
     from flywheel.config_files import load_config
-    from ops.driver import HELD_OUT_SEED
-    from tasks.evaluate import evaluation_splits
+    from ops.driver import run_task_lists
 
     config = str(ROOT / RECIPES[recipe][1])
     settings = load_config(config_model(recipe), config, [*overrides, f"seed={seed}"])
-    env = make_env(settings.env)
-    splits = {"train": task_list(env, "train", settings.env, seed)}
-    splits.update(evaluation_splits(env, settings.env, HELD_OUT_SEED))
+    splits = run_task_lists(make_env(settings.env), settings.env, seed)
     check_disjoint(splits)
     return splits
 

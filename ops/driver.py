@@ -40,6 +40,16 @@ from tasks.sft import SFTInputs, sft_stage
 HELD_OUT_SEED = 0
 
 
+def run_task_lists(env, env_settings, seed: int) -> dict[str, list[str]]:
+    """A run's task lists by split: "train" (its seed's sample), and the held-out "validation"
+    (when set) and "test" (`HELD_OUT_SEED`'s sample, the same for every seed). The recipes, the
+    efficacy bench and the tests all take them from here."""
+    return {
+        "train": task_list(env, "train", env_settings, seed),
+        **evaluation_splits(env, env_settings, HELD_OUT_SEED),
+    }
+
+
 class RoundResult(BaseModel):
     """What round 0 (`Recipe.start`) or a later round (`Recipe.round`) produced."""
 
@@ -84,9 +94,9 @@ class Recipe:
         self.cfg, self.store, self.tracking = cfg, store, tracking
         self.run_url = store.url(cfg.run_name)
         self.env = make_env(cfg.env)
-        self.train_ids = task_list(self.env, "train", cfg.env, cfg.seed)
         # The held-out task lists; every policy is evaluated on `evaluate.split`'s.
-        self.splits = evaluation_splits(self.env, cfg.env, HELD_OUT_SEED)
+        self.splits = run_task_lists(self.env, cfg.env, cfg.seed)
+        self.train_ids = self.splits.pop("train")
         self.evaluation_ids = self.splits[cfg.evaluate.split]
         longest = cfg.evaluate.harder_max_expert_steps
         self.harder_ids = harder_tasks(self.env, cfg.env, longest) if longest else None

@@ -14,17 +14,12 @@ from envs.task_selection import task_list
 from flows.eto import ETOConfig
 from flywheel.config_files import ConfigError
 from flywheel.settings import EnvSettings
-from ops.driver import HELD_OUT_SEED
-from tasks.evaluate import evaluation_splits
+from ops.driver import run_task_lists
 
 
 def splits_of(settings: EnvSettings, seed: int = 0) -> dict[str, list[str]]:
     """What a run trains on and evaluates on, as ops/driver.py's Recipe computes them."""
-    env = make_env(settings)
-    return {
-        "train": task_list(env, "train", settings, seed),
-        **evaluation_splits(env, settings, HELD_OUT_SEED),
-    }
+    return run_task_lists(make_env(settings), settings, seed)
 
 
 EASY = dict(name="textcraft", max_expert_steps=4, test_tasks=26)
