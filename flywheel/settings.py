@@ -523,7 +523,8 @@ class RLSettings(TrainerSettings):
     learning_rate: float = Field(default=1e-6, gt=0)  # Agent-R1's actor learning rate
     # Passes over the trajectories; the advantages and the old log-probabilities stay fixed.
     epochs: int = Field(default=1, ge=1)
-    # Trajectories per optimizer step, forwarded one at a time (see SFTSettings.batch_size).
+    # Trajectories per optimizer step: forwarded one at a time on a CPU, batched on a GPU
+    # (training/rl.py `forward_chunks`; see SFTSettings.batch_size).
     batch_size: int = Field(default=8, ge=1)
     # The ratio is clipped to [1 - clip_low, 1 + clip_high]; clip_high above clip_low is DAPO's
     # clip-higher.

@@ -319,6 +319,58 @@ def test_a_token_without_a_recorded_logprob_keeps_its_first_visit_value():
     assert rl.needs_starting_pass(RLSettings(estimator="ppo", kl_beta=0.0)) is True
 
 
+def test_forward_chunks_keep_count_times_longest_within_the_budget():
+    lengths = [3, 5, 2, 4]
+    assert rl.forward_chunks([0, 1, 2, 3], lengths, 10) == [[0, 1], [2, 3]]  # 2x5, then 2x4
+    assert rl.forward_chunks([0, 1, 2, 3], lengths, 9) == [[0], [1], [2, 3]]
+    assert rl.forward_chunks([3, 1], lengths, 0) == [[3], [1]]  # a CPU: one sequence a forward
+    assert rl.forward_chunks([1], lengths, 1) == [[1]]  # a row longer than the budget runs alone
+    settings = RLSettings(max_length=512)
+    assert (
+        rl.forward_tokens(settings, "cuda") == 4 * 512 and rl.forward_tokens(settings, "cpu") == 0
+    )
+
+
+def test_a_padded_forward_gives_each_row_what_its_own_forward_gives(tiny_model_dir, chat):
+    """The GPU's batched rows against the CPU's one sequence a forward: the same starting
+    log-probabilities and values, losses and gradients (PPO: every term of the loss)."""
+    from transformers import AutoModelForCausalLM
+
+    replies = ["blue", "red, as the evening sky turns at sunset", "blue again", "no idea, sorry"]
+    trajectories = [episode([sampled(chat, r)], reward=float(i % 2 == 0))
+                    for i, r in enumerate(replies)]  # fmt: skip
+    rows = rl.as_tensors(rl_rows(trajectories, chat, 512)[0])
+    assert len({len(t) for t in rows.input_ids}) == 4  # every row padded differently
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    policy = rl.Policy(model, rl.value_head_for(model, str(tiny_model_dir)))
+    torch.nn.init.normal_(policy.value_head.weight, std=0.1)  # values that differ by position
+    settings = RLSettings(estimator="ppo", kl_beta=0.01)
+
+    rl.starting_pass(policy, rows, "cpu", budget=4 * 512)
+    batched = rows.start_logp.clone(), rows.start_values.clone()
+    rl.starting_pass(policy, rows, "cpu")
+    assert torch.allclose(batched[0], rows.start_logp, atol=1e-5)
+    assert torch.allclose(batched[1], rows.start_values, atol=1e-5)
+
+    advantages, returns = rl.estimate_advantages(settings, rows)
+
+    def losses_and_gradients(chunks):
+        policy.zero_grad()
+        sums = rl.Sums()
+        losses = torch.cat([rl.chunk_losses(policy, settings, rows, c, advantages, returns, sums)
+                            for c in chunks])  # fmt: skip
+        (losses * torch.tensor([0.1, 0.2, 0.3, 0.4])).sum().backward()
+        grads = [p.grad.clone() for p in policy.parameters() if p.grad is not None]
+        return losses.detach(), grads, (sums.tokens, sums.clipped)
+
+    together = losses_and_gradients([[0, 1, 2, 3]])
+    alone = losses_and_gradients([[0], [1], [2], [3]])
+    assert torch.allclose(together[0], alone[0], atol=1e-5) and bool(alone[0].abs().sum() > 0)
+    assert len(together[1]) == len(alone[1]) > 0
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(together[1], alone[1], strict=True))
+    assert together[2] == alone[2]
+
+
 def test_a_group_with_equal_rewards_teaches_grpo_nothing(tmp_path, tiny_model_dir, chat):
     group = colour_group(chat)
     for trajectory in group:

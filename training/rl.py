@@ -19,8 +19,10 @@ training step (its `rollout_func` still hands generation to the trainer, one pro
 completion per sample) and recomputes the old log-probabilities itself, while these
 trajectories are already sampled, multi-turn, with tool output between the turns and the
 sampler's log-probabilities on record; and trl has no REINFORCE++ or PPO with GAE for such data.
-The loop is small: one sequence per forward (no padding, as the SFT and DPO trainers run on a
-CPU), gradients accumulated over `batch_size` sequences, AdamW at a constant learning rate.
+The loop is small: on a CPU one sequence per forward (no padding, as the SFT and DPO trainers
+run there), on a GPU a step's sequences right-padded into forwards of up to `FORWARD_LENGTHS`
+times `max_length` tokens (`forward_chunks`); gradients accumulated over `batch_size` sequences,
+AdamW at a constant learning rate.
 
 Run alone (`python -m training.rl --config job.json`) or under `accelerate launch` / torchrun
 (DDP): every process computes the starting pass and advantages for all rows (cheap next to
@@ -78,6 +80,7 @@ from training.checkpoint import (
 from training.datasets import rl_rows, token_counts
 from training.job import (
     TrainingJob,
+    gpu_has_bf16,
     load_model,
     mlflow_step_logger,
     parse_job,
@@ -192,17 +195,58 @@ def first_visit_logp(rows: Rows, index: int, logp: Tensor) -> Tensor:
     return filled[None].to(logp.device)
 
 
+# On a GPU a forward holds up to this many times `max_length` padded tokens: the envelope of the
+# SFT trainer's batched step there (4 rows of up to max_length, training/job.py `batched_on_gpu`),
+# so a GPU that runs a stage's SFT runs its RL. One sequence a forward on an H200 (1.7B model)
+# kept the device idle while the host launched kernels (bench/results-gpu-checklist.md).
+FORWARD_LENGTHS = 4
+
+
+def forward_tokens(settings: RLSettings, device) -> int:
+    """Padded tokens a forward may hold: 0 (one sequence each) on a CPU, where padding costs more
+    than batching saves."""
+    return FORWARD_LENGTHS * settings.max_length if torch.device(device).type == "cuda" else 0
+
+
+def forward_chunks(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """`indices` in order, cut into runs whose count times longest length stays within `budget`
+    tokens; one index a run when even two would not fit."""
+    chunks: list[list[int]] = []
+    longest = 0
+    for index in indices:
+        longest = max(longest, lengths[index])
+        if chunks and (len(chunks[-1]) + 1) * longest <= budget:
+            chunks[-1].append(index)
+        else:
+            chunks.append([index])
+            longest = lengths[index]
+    return chunks
+
+
+def forward_rows(policy: Policy, rows: Rows, chunk: list[int], device) -> list[tuple]:
+    """Each row's (log-probabilities (1, L-1), values or None) from one right-padded forward:
+    causal attention never looks right, so padding after a row changes none of its positions."""
+    ids = [rows.input_ids[i] for i in chunk]
+    logp, values = policy(padded([t.tolist() for t in ids], 0).to(device))
+    return [
+        (logp[j : j + 1, : len(t) - 1], None if values is None else values[j : j + 1, : len(t) - 1])
+        for j, t in enumerate(ids)
+    ]
+
+
 @torch.no_grad()
-def starting_pass(policy: Policy, rows: Rows, device) -> None:
+def starting_pass(policy: Policy, rows: Rows, device, budget: int = 0) -> None:
     """The starting model's log-probabilities (and values) of every row, once."""
     policy.eval()
     width = rows.mask.shape[1]
+    lengths = [len(t) for t in rows.input_ids]
     logps, values = [], []
-    for ids in tqdm(rows.input_ids, desc="rl starting pass", unit="row"):
-        logp, value = policy(ids[None].to(device))
-        logps.append(nn.functional.pad(logp[0].cpu(), (0, width - logp.shape[1])))
-        if value is not None:
-            values.append(nn.functional.pad(value[0].cpu(), (0, width - value.shape[1])))
+    chunks = forward_chunks(list(range(len(lengths))), lengths, budget)
+    for chunk in tqdm(chunks, desc="rl starting pass", unit="forward"):
+        for logp, value in forward_rows(policy, rows, chunk, device):
+            logps.append(nn.functional.pad(logp[0].cpu(), (0, width - logp.shape[1])))
+            if value is not None:
+                values.append(nn.functional.pad(value[0].cpu(), (0, width - value.shape[1])))
     rows.start_logp = torch.stack(logps)
     rows.start_values = torch.stack(values) if values else None
     policy.train()
@@ -270,13 +314,25 @@ class Sums:
         )  # fmt: skip
 
 
-def sequence_loss(
-    policy, settings: RLSettings, rows: Rows, index: int, advantages, returns, sums: Sums
+def chunk_losses(
+    policy, settings: RLSettings, rows: Rows, chunk: list[int], advantages, returns, sums: Sums
 ) -> Tensor:
-    """One sequence's loss: the mean over its loss tokens of the clipped surrogate, plus the KL
-    term or PPO's value loss; `sums` collects its statistics."""
+    """The losses (one per row of `chunk`) of one forward over those rows."""
     device = next(iter(policy.parameters())).device
-    logp, values = policy(rows.input_ids[index][None].to(device))
+    outputs = forward_rows(policy, rows, chunk, device)
+    return torch.stack([
+        sequence_loss(settings, rows, index, logp, values, advantages, returns, sums)
+        for index, (logp, values) in zip(chunk, outputs, strict=True)
+    ])  # fmt: skip
+
+
+def sequence_loss(
+    settings: RLSettings, rows: Rows, index: int, logp, values, advantages, returns, sums: Sums
+) -> Tensor:
+    """One sequence's loss from its log-probabilities and values: the mean over its loss tokens
+    of the clipped surrogate, plus the KL term or PPO's value loss; `sums` collects its
+    statistics."""
+    device = logp.device
 
     def row(tensor: Tensor) -> Tensor:  # this sequence's positions, unpadded, by the model
         return tensor[index, : logp.shape[1]][None].to(device)
@@ -328,21 +384,25 @@ def optimise(policy, optimizer, accelerator, settings, rows, advantages, returns
         schedule, desc="rl optimizer steps", disable=not accelerator.is_main_process,
         initial=progress.step,
     )  # fmt: skip
+    lengths = [len(t) for t in rows.input_ids]
+    budget = forward_tokens(settings, accelerator.device)
     for batch in schedule[progress.step :]:
         started, before = time.perf_counter(), replace(sums)
         weights = sequence_weights(rows.mask[batch], settings.aggregation)
-        share = list(range(rank, len(batch), processes))
-        for step, position in enumerate(share):
-            last = step == len(share) - 1
+        share = list(range(rank, len(batch), processes))  # positions in the batch
+        chunks = forward_chunks(share, [lengths[i] for i in batch], budget)
+        for step, positions in enumerate(chunks):
+            last = step == len(chunks) - 1
             # DDP averages gradients over processes; the weights already sum the batch.
             with contextlib.nullcontext() if last else accelerator.no_sync(policy):
                 with accelerator.autocast():
-                    loss = sequence_loss(
-                        policy, settings, rows, batch[position], advantages, returns, sums
-                    )
-                weighted = loss * weights[position] * processes
-                accelerator.backward(weighted)
-            sums.loss += float(loss.detach() * weights[position])
+                    losses = chunk_losses(
+                        policy, settings, rows, [batch[p] for p in positions], advantages,
+                        returns, sums,
+                    )  # fmt: skip
+                chunk_weights = weights[positions].to(losses.device)
+                accelerator.backward((losses * chunk_weights).sum() * processes)
+            sums.loss += float((losses.detach() * chunk_weights).sum())
         grad_norm = accelerator.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
         learning_rate = optimizer.param_groups[0]["lr"]
         optimizer.step()
@@ -530,7 +590,10 @@ def mixed_outcome_groups(trajectories: list[Trajectory]) -> list[Trajectory]:
 
 def train(job: TrainingJob[RLSettings]) -> dict:
     settings = job.settings
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    # bf16 autocast as the trl trainers' `bf16` and the launcher's --mixed_precision: launched
+    # alone (one GPU) nothing else sets it, and a 1.7B model's RL step ran its matmuls in fp32.
+    precision = "bf16" if gpu_has_bf16() else "no"
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=precision)
     torch.manual_seed(job.seed)
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
     sampled_trajectories = read_trajectories(job.data_file)
@@ -573,7 +636,9 @@ def train(job: TrainingJob[RLSettings]) -> dict:
         resume(progress, wrapped, optimizer, rows, accelerator)
         resumed_from = progress.step
         if needs_starting_pass(settings) and rows.start_logp is None:
-            starting_pass(policy, rows, accelerator.device)
+            starting_pass(
+                policy, rows, accelerator.device, forward_tokens(settings, accelerator.device)
+            )
         if advantages is None:
             advantages, returns = estimate_advantages(settings, rows)
         else:
