@@ -227,7 +227,7 @@ def forward_rows(policy: Policy, rows: Rows, chunk: list[int], device) -> list[t
     """Each row's (log-probabilities (1, L-1), values or None) from one right-padded forward:
     causal attention never looks right, so padding after a row changes none of its positions."""
     ids = [rows.input_ids[i] for i in chunk]
-    logp, values = policy(padded([t.tolist() for t in ids], 0).to(device))
+    logp, values = policy(nn.utils.rnn.pad_sequence(ids, batch_first=True).to(device))
     return [
         (logp[j : j + 1, : len(t) - 1], None if values is None else values[j : j + 1, : len(t) - 1])
         for j, t in enumerate(ids)
