@@ -596,7 +596,8 @@ class EvaluateSettings(Strict):
     temperature: float = Field(default=1.0, gt=0)  # of the sampled episodes
     # Also evaluate every policy on harder goals: the test tasks whose expert plan is longer than
     # env.max_expert_steps (the trained difficulty) and at most this long, in a table of their
-    # own (generalisation beyond what was trained). Test split only.
+    # own (generalisation beyond what was trained). Test split only. Those episodes get this
+    # many steps plus the trained goals' slack (ops.driver.harder_step_budget).
     harder_max_expert_steps: int | None = Field(default=None, ge=2)
 
     def variants(self) -> list[str]:

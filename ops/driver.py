@@ -50,6 +50,15 @@ def run_task_lists(env, env_settings, seed: int) -> dict[str, list[str]]:
     }
 
 
+def harder_step_budget(env_settings, longest: int) -> int:
+    """Steps an episode on a harder goal (plans up to `longest` steps) may take: its longest plan
+    plus the slack the trained goals have (`env.max_steps` past `env.max_expert_steps`). At the
+    trained `env.max_steps` a goal of more steps than that could not be reached at all, and the
+    harder table would count it as a failure of the policy."""
+    slack = max(env_settings.max_steps - (env_settings.max_expert_steps or 0), 0)
+    return max(env_settings.max_steps, longest + slack)
+
+
 class RoundResult(BaseModel):
     """What round 0 (`Recipe.start`) or a later round (`Recipe.round`) produced."""
 
@@ -132,6 +141,10 @@ class Recipe:
         for variant in settings.variants():
             named = variant_label(label, variant)
             varied = variant_inputs(inputs, variant, settings, self.harder_ids, self.cfg.seed)
+            if variant.startswith("harder"):
+                # The episodes' step budget is the driver's, as for the greedy evaluation.
+                steps = harder_step_budget(self.cfg.env, settings.harder_max_expert_steps)
+                varied = varied.model_copy(update={"max_steps": steps})
             out = self.out(f"{folder}-{variant}/{label}", named)
             self.pending_variants += ((named, evaluate_stage(varied, out)),)
         return label, greedy

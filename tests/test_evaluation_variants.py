@@ -92,6 +92,41 @@ def test_a_recipe_lists_the_harder_goals_it_reports(tmp_path):
     assert not set(recipe.splits["harder"]) & set(recipe.train_ids)
 
 
+def test_a_harder_goal_gets_its_plan_plus_the_trained_slack_in_steps():
+    from ops.driver import harder_step_budget
+
+    # Trained: plans of <= 4 steps in 6-step episodes (slack 2); harder plans of <= 8 get 10.
+    assert harder_step_budget(EnvSettings(**EASY, max_steps=6), 8) == 10
+    assert harder_step_budget(EnvSettings(**EASY, max_steps=4), 8) == 8
+    # Never fewer steps than the trained episodes, even with no slack to carry over.
+    assert harder_step_budget(EnvSettings(**EASY, max_steps=2), 3) == 3
+    assert harder_step_budget(EnvSettings(**EASY, max_steps=12), 5) == 13
+
+
+def test_a_recipe_plays_harder_goals_with_room_to_reach_them(tmp_path, monkeypatch):
+    """At the trained `env.max_steps` an 8-step goal could not be reached in 6 steps; the harder
+    evaluations get the longer budget, the greedy and sampled ones keep the trained one."""
+    import ops.driver
+    from flywheel.records import Manifest
+
+    played = {}
+
+    def recorded(inputs, out):  # the inputs each evaluation stage was given, no episodes
+        played[out.label] = inputs
+        return Manifest(stage="evaluate", url=out.url)
+
+    monkeypatch.setattr(ops.driver, "evaluate_stage", recorded)
+    config = ETOConfig.model_validate({
+        "env": {**EASY, "max_steps": 6},
+        "evaluate": {"harder_max_expert_steps": 8, "samples": 2},
+    })  # fmt: skip
+    recipe = ETO(config, ArtifactStore(str(tmp_path)), None)
+    recipe.evaluate("sft", "file:///model")
+    steps = {label: inputs.max_steps for label, inputs in played.items()}
+    assert steps == {"sft": 6, "sft@sampled": 6, "sft@harder": 10, "sft@harder-sampled": 10}
+    assert len(played["sft@harder"].task_ids) == 44
+
+
 @pytest.mark.slow
 def test_a_recipe_runs_every_variant_of_an_evaluation_and_the_report_tables_them(tmp_path):
     """The tiny model in vLLM: the greedy evaluation, then its variants, handed to the round by
