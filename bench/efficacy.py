@@ -509,7 +509,7 @@ def variant_tables(args, store: Path, seeds: list[int], variant: str):
             trained = sum(cumulative_tokens(tokens[s], stage) for s in by_seed) / len(by_seed)
             rows.append(
                 f"| {recipe} | {stage} | {mean:.1%} | {low:.1%}–{high:.1%} | {w_low:.1%}–"
-                f"{w_high:.1%} | {solved}/{n} | {', '.join(f'{r:.0%}' for r in rates)} "
+                f"{w_high:.1%} | {solved}/{n} | {seed_rates(by_seed, rates, seeds)} "
                 f"| {trained:,.0f} |"
             )
             curves[recipe].append((stage, mean, low, high))
@@ -595,6 +595,18 @@ PAIRED_HEADER = [
     "| 95% interval (paired bootstrap, seeds x tasks) | McNemar exact p (pooled) |",
     "|---|---|---|---:|---:|---:|---:|---|---:|",
 ]
+
+
+def seed_rates(by_seed: dict, rates: list[float], seeds: list[int]) -> str:
+    """A stage's rate on each seed, naming the seeds when some runs did not reach the stage (a
+    round with nothing to train on keeps the last policy and ends its run), so a pooled row
+    over fewer seeds is not read as all of them."""
+    text = ", ".join(f"{r:.0%}" for r in rates)
+    missing = [s for s in seeds if s not in by_seed]
+    if not missing:
+        return text
+    reached = ", ".join(str(s) for s in by_seed)
+    return f"{text} (seeds {reached}; not reached by seed {', '.join(map(str, missing))})"
 
 
 def variant_section(args, store: Path, seeds: list[int], variant: str) -> list[str]:

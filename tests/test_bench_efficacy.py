@@ -164,6 +164,19 @@ def test_the_report_gives_paired_rows_and_the_split_it_read(tmp_path):
     assert (tmp_path / "out.png").stat().st_size > 0
 
 
+def test_a_stage_some_seeds_did_not_reach_names_the_seeds_it_pools(tmp_path):
+    """Seed 1's round 2 had nothing to train on, so its run ended at round 1: the round-2 row
+    pools seed 0 alone and says so."""
+    starts = {"sft": "untrained", "eto-round-1": "sft", "eto-round-2": "eto-round-1"}
+    stages = {"untrained": {"a": False}, "sft": {"a": True}, "eto-round-1": {"a": True}}
+    write_run(tmp_path, "eto", 0, {**stages, "eto-round-2": {"a": False}}, starts)
+    write_run(tmp_path, "eto", 1, stages, starts)
+    efficacy.write_report(arguments(tmp_path), tmp_path, [0, 1], {}, [])
+    text = (tmp_path / "out.md").read_text()
+    assert "| 0/1 | 0% (seeds 0; not reached by seed 1) |" in text
+    assert "| 2/2 | 100%, 100% |" in text  # round 1: both seeds, no note
+
+
 def test_a_sampled_evaluation_gets_its_own_tables_pooled_over_seeds_and_samples(tmp_path):
     args = arguments(tmp_path)
     starts = {"sft": "untrained", "eto-round-1": "sft"}
