@@ -103,7 +103,9 @@ def variant_inputs(
 ) -> EvaluateInputs:
     """The greedy evaluation's inputs turned into `variant`'s: the harder tasks for "harder*",
     `settings.samples` samples per task for "*sampled", seeded by the run's `seed` (a greedy
-    evaluation keeps seed 0: its episodes do not depend on it, so seeds share its cache)."""
+    evaluation keeps seed 0: its episodes do not depend on it, so seeds share its cache). The
+    harder goals' step budget is not set here but by the driver that sets the greedy one
+    (`ops.driver.harder_step_budget`): a change to this module would re-key every evaluation."""
     update: dict = {}
     if variant.startswith("harder"):
         update["task_ids"] = harder
