@@ -177,7 +177,7 @@ class AgentR1(Recipe):
         untrained = None
         if evaluate_untrained:
             examples = agent_prefix(self.env, few_shot_examples(self.env, cfg.env.few_shot))
-            untrained = self.evaluate("untrained", base.files["model"], examples)
+            untrained = self.evaluate("untrained", base.files["model"], examples, sampled=False)
         policy = self.sft(
             "warm-start", base.files["model"], solver.files["trajectories"], cfg.sft, "sft"
         )

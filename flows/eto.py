@@ -52,7 +52,7 @@ class ETO(Recipe):
         # Worked examples help the untrained model only; trained models are prompted as they were
         # trained, without them (with them, the SFT model solved 0 of 12 train tasks, without 4).
         examples = agent_prefix(self.env, few_shot_examples(self.env, cfg.env.few_shot))
-        untrained = self.evaluate("untrained", base.files["model"], examples)
+        untrained = self.evaluate("untrained", base.files["model"], examples, sampled=False)
         policy = self.sft(
             "expert", base.files["model"], expert.files["trajectories"], cfg.sft, "sft"
         )

@@ -591,7 +591,8 @@ class EvaluateSettings(Strict):
     # Sampled episodes per held-out task beside the greedy one (0: greedy only), reported in a
     # table of their own: the success rate over them (pass@1 over k), and each stage against its
     # start sample by sample. Sample i of every stage draws with the same seeds, so k samples
-    # give k times the paired cells of the greedy table.
+    # give k times the paired cells of the greedy table. The untrained model's evaluation stays
+    # greedy (ops.driver.Recipe.evaluate says why).
     samples: int = Field(default=0, ge=0)
     temperature: float = Field(default=1.0, gt=0)  # of the sampled episodes
     # Also evaluate every policy on harder goals: the test tasks whose expert plan is longer than

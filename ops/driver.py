@@ -126,10 +126,15 @@ class Recipe:
             tracking=self.tracking,
         )  # fmt: skip
 
-    def evaluate(self, label: str, model_url: str, prefix=None) -> tuple[str, Manifest]:
+    def evaluate(
+        self, label: str, model_url: str, prefix=None, sampled: bool = True
+    ) -> tuple[str, Manifest]:
         """The model's greedy episodes on the held-out tasks, a row `label` of the report. The
         variants `evaluate` asks for (sampled episodes, harder goals) run too; the driver adds
-        them to the round's evaluations (`take_variants`), so recipes name only the greedy one."""
+        them to the round's evaluations (`take_variants`), so recipes name only the greedy one.
+        `sampled=False` leaves out the sampled variants (the untrained model's: at temperature
+        1.0 it writes every reply to `max_tokens`, so its sampled episodes cost more than every
+        trained stage's together, to show a rate its greedy row already puts near 0)."""
         inputs = EvaluateInputs(
             model_url=model_url, env=self.cfg.env, task_ids=self.evaluation_ids,
             prefix=prefix or self.prefix, inference=self.cfg.inference,
@@ -139,6 +144,8 @@ class Recipe:
         greedy = evaluate_stage(inputs, self.out(f"{folder}/{label}", label))
         settings = self.cfg.evaluate
         for variant in settings.variants():
+            if not sampled and variant.endswith("sampled"):
+                continue
             named = variant_label(label, variant)
             varied = variant_inputs(inputs, variant, settings, self.harder_ids, self.cfg.seed)
             if variant.startswith("harder"):

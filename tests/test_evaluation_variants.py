@@ -127,6 +127,37 @@ def test_a_recipe_plays_harder_goals_with_room_to_reach_them(tmp_path, monkeypat
     assert len(played["sft@harder"].task_ids) == 44
 
 
+def test_the_untrained_model_gets_no_sampled_episodes_and_every_trained_policy_does(
+    tmp_path, monkeypatch
+):
+    """The untrained model samples every reply to max_tokens: its sampled evaluation cost more
+    than all trained stages' (Agent-R1, 2026-11-28); its greedy and harder ones stay."""
+    import ops.driver
+    from flywheel.records import Manifest
+
+    played = []
+
+    def recorded(inputs, out):
+        played.append(out.label)
+        files = {"model": "file:///m", "trajectories": "file:///t"}
+        return Manifest(stage="evaluate", url=out.url, files=files)
+
+    monkeypatch.setattr(ops.driver, "evaluate_stage", recorded)
+    config = ETOConfig.model_validate({
+        "env": EASY, "evaluate": {"harder_max_expert_steps": 8, "samples": 2},
+    })  # fmt: skip
+    recipe = ETO(config, ArtifactStore(str(tmp_path)), None)
+    for stage in ("base_model", "expert_trajectories"):
+        monkeypatch.setattr(recipe, stage, lambda s=stage: recorded(None, recipe.out("x", s)))
+    monkeypatch.setattr(recipe, "sft", lambda *args: recorded(None, recipe.out("x", "sft-stage")))
+    recipe.start()
+    recipe.evaluate("sft", "file:///model")
+    evaluations = [label for label in played if "@" in label or label in ("untrained", "sft")]
+    assert evaluations == [
+        "untrained", "untrained@harder", "sft", "sft@sampled", "sft@harder", "sft@harder-sampled",
+    ]  # fmt: skip
+
+
 @pytest.mark.slow
 def test_a_recipe_runs_every_variant_of_an_evaluation_and_the_report_tables_them(tmp_path):
     """The tiny model in vLLM: the greedy evaluation, then its variants, handed to the round by
