@@ -10,8 +10,9 @@ compares them, sample by sample, at each temperature, beside the greedy (0) and 
 
 Each run must have evaluated both stages with `evaluate.samples` (`evaluate-sampled/<stage>/`):
 its manifest gives the episodes' inputs (model, tasks, seeds, k), of which only the temperature
-changes. Replays go under `<run>/temperature-sweep/T<t>/<stage>/` (a replay already there is
-read, not played again: a stopped sweep resumes) and are not part of the run's report.
+changes. Replays go under `<run>/temperature-sweep/T<t>/<stage>/`, each a cached stage (a
+finished replay is read, not played again: a stopped sweep resumes), and are not part of the
+run's report.
 """
 
 from __future__ import annotations
@@ -49,16 +50,15 @@ def replay(run: Path, stage: str, temperature: float) -> Path:
     from tasks.evaluate import EvaluateInputs, evaluate_stage
 
     folder = run / "temperature-sweep" / f"T{temperature:g}" / stage
-    trajectories = folder / "trajectories.jsonl"
-    if trajectories.is_file():
-        return trajectories
+    # A stage's cache: a replay whose manifest is current (written last, so never a half-played
+    # one) is read, not played again.
     inputs = EvaluateInputs(**{**sampled_inputs(run, stage), "temperature": temperature})
     started = time.perf_counter()
     evaluate_stage.fn(
         inputs, StageOutput(store_url=f"file://{run}", url=f"file://{folder}", label=stage)
     )
     print(f"{run.name} {stage} T={temperature:g}: {time.perf_counter() - started:.0f} s")
-    return trajectories
+    return folder / "trajectories.jsonl"
 
 
 def evaluation(run: Path, stage: str, temperature: float | None) -> list[dict[str, bool]]:
