@@ -91,6 +91,10 @@ class EvolveSettings(Strict):
     rounds: int = Field(default=3, ge=0)  # rounds of evolving trajectories
     temperature: float = Field(default=0.7, ge=0.0)  # the policy's sampling in every round
     success_f1: float = Field(default=0.8, ge=0.0, le=1.0)  # a trajectory above this F1 is correct
+    # A correct trajectory with no redundant step is kept without its free text ("rewrite"); off,
+    # it is rolled out afresh. Thought-less rows can teach a small policy to stop thinking, and
+    # with its thoughts it stops calling python (docs/results.md, ET-Agent, 2026-11-28).
+    rewrite: bool = True
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
 
 
@@ -294,10 +298,12 @@ def hint_message(template: str, verdict: Verdict) -> Message:
     return Message(role="user", content=template.format(reason=reason))
 
 
-def enhance(parent: Candidate, verdict: Verdict, agent_format: AgentFormat) -> Plan:
+def enhance(
+    parent: Candidate, verdict: Verdict, agent_format: AgentFormat, rewrite: bool = True
+) -> Plan:
     if verdict.step is not None:
         return Plan(parent, "redundant-cut", verdict, Resume(parent.trajectory, verdict.step))
-    rewritten = rewrite_shorter(parent.trajectory, agent_format)
+    rewritten = rewrite_shorter(parent.trajectory, agent_format) if rewrite else None
     if rewritten is not None:
         return Plan(parent, "rewrite", verdict, rewritten=rewritten)
     return Plan(parent, "fresh-rollout", verdict, Resume(parent.trajectory, 0))
@@ -377,7 +383,10 @@ class Evolution:
         wrong = [p for p in parents if not p.correct]
         redundant = self.judge.redundant_step([p.trajectory for p in right])
         flaws = self.judge.first_flaw([p.trajectory for p in wrong])
-        plans = [enhance(p, v, self.agent_format) for p, v in zip(right, redundant, strict=True)]
+        plans = [
+            enhance(p, v, self.agent_format, self.settings.rewrite)
+            for p, v in zip(right, redundant, strict=True)
+        ]
         plans += [reflect(p, v, self.agent_format) for p, v in zip(wrong, flaws, strict=True)]
         return plans
 

@@ -97,7 +97,7 @@ def test_a_replay_that_differs_from_the_record_ends_that_episode_only(env, chat,
     assert whole[0].finish_reason.startswith("replay-mismatch")  # it ended in the prefix
 
 
-def run_stage(env, chat, questions, tmp_path, monkeypatch, rounds=3, **judge_backend):
+def run_stage(env, chat, questions, tmp_path, monkeypatch, rounds=3, rewrite=True, **judge_backend):
     repeat, wrong = questions
     policy = PlannedQABackend(env, chat, {repeat: "repeat", wrong: "wrong-answer"})
     timeout_s = judge_backend.pop("timeout_s", 5.0)
@@ -109,7 +109,8 @@ def run_stage(env, chat, questions, tmp_path, monkeypatch, rounds=3, **judge_bac
     inputs = EvolveInputs(
         model_url=store.url("models/policy"), env=EnvSettings(name="qa"), task_ids=list(questions),
         prefix=agent_prefix(env, []), inference=InferenceSettings(),
-        settings=EvolveSettings(rounds=rounds, judge=JudgeSettings()), max_steps=8, seed=0,
+        settings=EvolveSettings(rounds=rounds, rewrite=rewrite, judge=JudgeSettings()),
+        max_steps=8, seed=0,
     )  # fmt: skip
     manifest = evolve_stage.fn(inputs, StageOutput(store_url=store.root, url=store.url("fw")))
     judge_model.release()  # a hung judge's abandoned thread ends
@@ -160,6 +161,16 @@ def test_a_question_stops_when_a_round_brings_nothing_new(
         assert mine[-1].operator == "fresh-rollout" and mine[-1].why.startswith("duplicate of")
         assert not mine[-1].kept
     assert manifest.counts["rounds"] == 3 and manifest.counts["rollouts"] == 2 + 2 + 2
+
+
+def test_without_rewrite_a_correct_trajectory_with_nothing_redundant_is_rolled_out_afresh(
+    env, chat, questions, tmp_path, monkeypatch
+):
+    _, kept, records = run_stage(env, chat, questions, tmp_path, monkeypatch, rewrite=False)
+    assert not any(r.operator == "rewrite" for r in records)
+    assert all(m.token_ids for t in kept for m in t.continuation if m.role == "assistant")
+    repeat, _ = questions  # round 1 cuts its redundant step; round 2 would have rewritten it
+    assert [r.operator for r in records if r.question == repeat][2] == "fresh-rollout"
 
 
 def test_judge_timeouts_fall_back_to_the_rules_and_are_recorded(
