@@ -323,7 +323,8 @@ def cumulative_tokens(tokens: dict[str, int], stage: str) -> int:
 
 
 def orderings(per_seed: dict[str, dict[str, float]], rounds: int) -> list[str]:
-    """Per seed, the orderings the papers predict, each marked as holding or not."""
+    """Per seed, the orderings the papers predict, each marked as holding or not; a seed with
+    none of the recipes they compare (ETO, Agent-R) gets no line."""
     lines = []
     for seed, rates in sorted(per_seed.items()):
         checks = []
@@ -338,8 +339,11 @@ def orderings(per_seed: dict[str, dict[str, float]], rounds: int) -> list[str]:
         agent_r = rates.get(f"agent-r:agent-r-round-{rounds}")
         if eto and eto[-1] is not None and agent_r is not None:
             checks.append((f"ETO round {rounds} <= Agent-R round {rounds}", eto[-1] <= agent_r))
-        marks = ", ".join(f"{name}: {'holds' if ok else 'does not hold'}" for name, ok in checks)
-        lines.append(f"- seed {seed}: {marks or 'nothing to compare'}")
+        if checks:
+            marks = ", ".join(
+                f"{name}: {'holds' if ok else 'does not hold'}" for name, ok in checks
+            )
+            lines.append(f"- seed {seed}: {marks}")
     return lines
 
 
@@ -629,6 +633,7 @@ def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None
     learning_curve(curves, plot, differences)
     command = "python -m bench.efficacy " + shlex.join(argv if argv is not None else sys.argv[1:])
     walltimes = ", ".join(f"{r} seed {s}: {w / 60:.1f} min" for (r, s), w in walls.items())
+    ordered = orderings(per_seed, args.rounds)  # ETO and Agent-R only
     report = [
         "# Efficacy: held-out success per stage, over seeds (`bench/efficacy.py`)",
         "",
@@ -659,9 +664,7 @@ def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None
         *efficiency_lines(args, store, seeds, ""),
         f"![learning curve]({plot.name})",
         "",
-        "Orderings per seed:",
-        *orderings(per_seed, args.rounds),
-        "",
+        *(["Orderings per seed:", *ordered, ""] if ordered else []),
         *extra,
     ]
     args.out.write_text("\n".join(report))

@@ -39,6 +39,9 @@ def test_orderings_mark_each_predicted_order_per_seed():
         "- seed 1: SFT < ETO round 1: does not hold, ETO round 1 <= round 2: does not hold, "
         "ETO round 2 <= Agent-R round 2: does not hold",
     ]
+    # The RL recipes' runs alone: no ordering to check, so no line (the report leaves the
+    # section out) rather than a "nothing to compare" per seed.
+    assert efficacy.orderings({0: {"et-agent:rft": 0.5, "et-agent:stage-1": 0.6}}, 2) == []
 
 
 def test_the_bootstrap_interval_is_a_point_when_every_seed_and_task_agree():
