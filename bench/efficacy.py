@@ -644,7 +644,10 @@ def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None
         + "; ".join(f"{e}: `{' '.join(BUDGET[e])}`" for e in BUDGET)
         + (f"; every run: `{' '.join(args.set)}`" if args.set else "")
         + "; "
-        + "; ".join(f"{r}: `{' '.join(recipe_budget(r, args.gpu))}`" for r in args.recipes)
+        + "; ".join(
+            f"{r}: `{' '.join(budget)}`" if (budget := recipe_budget(r, args.gpu)) else f"{r}: none"
+            for r in args.recipes
+        )
         + ", "
         f"{args.rounds} rounds, seeds {seeds}. Wall time (a finished stage is served from "
         f"its manifest on a re-run, so a resumed run reads short): {walltimes}.",
