@@ -106,7 +106,8 @@ def test_served_over_the_sciworld_protocol(env, tmp_path):
                       "    variations: 3\n")  # fmt: skip
     server = LocalServer("--config", str(config))
     try:
-        http = httpx.Client(base_url=server.url, timeout=30)
+        # The first reset starts the server's JVM: 30 s was seen to run out on a loaded machine.
+        http = httpx.Client(base_url=server.url, timeout=120)
         env_id = http.post("/create").json()["id"]
         reset = http.post("/reset", json={"id": env_id, "data_idx": 0}).json()
         task_id = served_task_ids(env)[0]
@@ -117,7 +118,7 @@ def test_served_over_the_sciworld_protocol(env, tmp_path):
         step = http.post("/step", json={"id": env_id, "action": "look around"}).json()
         assert set(step) == {"observation", "reward", "score", "done"}
 
-        remote = RemoteEnv(env, [server.url], ClientSettings(timeout_s=30))
+        remote = RemoteEnv(env, [server.url], ClientSettings(timeout_s=120))
         remote.check()
         assert play_gold(remote, task_id) == play_gold(env, task_id)
     finally:
