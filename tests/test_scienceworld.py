@@ -106,7 +106,7 @@ def test_served_over_the_sciworld_protocol(env, tmp_path):
                       "    variations: 3\n")  # fmt: skip
     server = LocalServer("--config", str(config))
     try:
-        # The first reset starts the server's JVM: 30 s was seen to run out on a loaded machine.
+        # A fresh server's first reset loads ScienceWorld in its JVM: 30 s ran out on a loaded machine.
         http = httpx.Client(base_url=server.url, timeout=120)
         env_id = http.post("/create").json()["id"]
         reset = http.post("/reset", json={"id": env_id, "data_idx": 0}).json()
