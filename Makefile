@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast test-extended mutation lint bench bench-kv-cache bench-sandbox bench-chaos bench-mcts gpu-checklist bench-env bench-train bench-efficacy bench-agent-r1 services deploy worker
+.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast test-extended mutation lint bench bench-kv-cache bench-sandbox bench-chaos bench-mcts gpu-checklist bench-env bench-train bench-efficacy bench-et-agent-competent bench-agent-r1 services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -99,6 +99,18 @@ bench-train: install
 # ETO and Agent-R at a larger budget, 3 seeds (about 2 hours on 2 cores): bench/results-efficacy.md
 bench-efficacy: install
 	$(PY) -m bench.efficacy
+
+# ET-Agent from the warm start on every train question at the setting chosen on validation
+# (docs/results.md, ET-Agent): validation seeds 0-2 first, then the test split on the same store
+# (every trained stage served, only the evaluations run). Hours on 2 cores (not timed end to end).
+ET_AGENT_COMPETENT = --recipes et-agent --seeds 0 1 2 --rounds 2 --set env.train_tasks=null \
+	--set sample.curriculum=none --set calibration.budget=16 --set evolve.rewrite=false \
+	--set rl.learning_rate=5e-5
+bench-et-agent-competent: install
+	$(PY) -m bench.efficacy $(ET_AGENT_COMPETENT) --split validation \
+		--out bench/results-validation/et-agent-seeds012-all-none-b16-norewrite-rl5e-5.md
+	$(PY) -m bench.efficacy $(ET_AGENT_COMPETENT) --split test \
+		--out bench/results-efficacy-et-agent-competent.md
 
 # Agent-R1: the five estimators side by side on one warm start (hours on 2 cores), the tools'
 # speed, rollouts with tool calls against the decode bound: bench/results-agent-r1.md
