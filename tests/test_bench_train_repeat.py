@@ -1,0 +1,62 @@
+"""bench/train_repeat.py: the weight comparison, torch's warnings as parsed, and the modes' hook."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from bench.train_repeat import MODE_ENV, SITECUSTOMIZE, WARNING, compare
+
+
+def saved(folder, tensors):
+    folder.mkdir()
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_compare_counts_differing_tensors_and_the_largest_difference(tmp_path):
+    a = {"w": torch.zeros(3), "b": torch.ones(2)}
+    first = saved(tmp_path / "a", a)
+    assert compare(first, saved(tmp_path / "same", dict(a))) == {
+        "tensors": 2, "differing": 0, "max_abs_diff": 0.0,
+    }  # fmt: skip
+    changed = {"w": torch.tensor([0.0, 0.25, 0.0]), "b": torch.ones(2)}
+    assert compare(first, saved(tmp_path / "changed", changed)) == {
+        "tensors": 2, "differing": 1, "max_abs_diff": 0.25,
+    }  # fmt: skip
+
+
+def test_compare_refuses_a_folder_without_weights(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no \\*.safetensors"):
+        compare(tmp_path / "empty", tmp_path / "empty")
+
+
+def test_both_of_torchs_wordings_name_the_op():
+    log = (
+        "graph.py:869: UserWarning: Flash Attention defaults to a non-deterministic algorithm. To\n"
+        "x.py:3: UserWarning: index_add_cuda_ does not have a deterministic implementation, but\n"
+        "y.py:1: UserWarning: something else entirely\n"
+    )  # the first as an H200 printed it (torch 2.11), the second torch's other form
+    assert WARNING.findall(log) == ["Flash Attention", "index_add_cuda_"]
+
+
+@pytest.mark.parametrize(
+    "mode, expected",
+    [("default", "False False True"), ("deterministic", "True True True"),
+     ("deterministic-strict", "True False True"), ("deterministic-math", "True True False")],
+)  # fmt: skip
+def test_each_mode_reaches_the_trainers_process(tmp_path, mode, expected):
+    (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    probe = (
+        "import torch; print(torch.are_deterministic_algorithms_enabled(), "
+        "torch.is_deterministic_algorithms_warn_only_enabled(), "
+        "torch.backends.cuda.flash_sdp_enabled())"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_BENCH")}
+    env |= MODE_ENV[mode] | {"PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == expected.split(), out.stderr
