@@ -24,8 +24,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+from bench.gpu_checklist import peak_memory_gb
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -82,17 +85,22 @@ def run_job(prepared: Path, name: str, work: Path, model: Path, env: dict) -> di
     if not (work / "model").exists():
         (work / "model").symlink_to(model)
     log = work / f"{name}.log"
+    stop, peak = threading.Event(), [0.0]
+    watcher = threading.Thread(target=peak_memory_gb, args=(stop, peak), daemon=True)
+    watcher.start()  # nvidia-smi every 0.5 s; reads nothing on a machine without it
     started = time.monotonic()
     with open(log, "w") as out:
         done = subprocess.run(
             [PY, "-m", "bench.gpu_checklist", "--internal", "train", str(prepared), name, str(work)],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=os.environ | env,
         )  # fmt: skip
+    stop.set()
     text = log.read_text(errors="replace")
     if done.returncode:
         raise SystemExit(f"{name} failed (exit {done.returncode}): {log}\n{text[-2000:]}")
     metrics = json.loads(text.strip().splitlines()[-1])
     metrics["wall_s"] = round(time.monotonic() - started, 1)
+    metrics["peak_gpu_gb"] = round(peak[0], 1) if peak[0] else None
     metrics["nondeterministic_ops"] = sorted(set(WARNING.findall(text)))
     return metrics
 
@@ -132,13 +140,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((job, mode, runs, same))
             print(json.dumps({"job": job, "mode": mode, "runs": runs, "weights": same}), flush=True)
     lines = [
-        "| job | mode | train s (run 1, 2) | final loss (run 1, 2) | tensors differing | max abs diff | ops torch warned of |",
-        "|---|---|---|---|---:|---:|---|",
+        "| job | mode | train s (run 1, 2) | peak GPU GB | final loss (run 1, 2) | tensors differing | max abs diff | ops torch warned of |",
+        "|---|---|---|---|---|---:|---:|---|",
     ]  # fmt: skip
     for job, mode, runs, same in rows:
         ops = ", ".join(sorted({op for r in runs for op in r["nondeterministic_ops"]})) or "-"
         lines.append(
             f"| {job} | {mode} | {runs[0]['train_s']:.2f}, {runs[1]['train_s']:.2f} | "
+            f"{runs[0]['peak_gpu_gb']}, {runs[1]['peak_gpu_gb']} | "
             f"{runs[0]['train_loss']!r}, {runs[1]['train_loss']!r} | "
             f"{same['differing']} of {same['tensors']} | {same['max_abs_diff']:.3g} | {ops} |"
         )
