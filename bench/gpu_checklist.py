@@ -32,7 +32,9 @@ the stack is: `--prepare DIR` writes the trainers' rows, tokenizer and job files
 `--from-prepared DIR` on the GPU machine needs only torch, transformers, trl, peft, datasets (and
 deepspeed for ZeRO), and marks the steps it cannot run with the package they need; where the
 `sft` job is prepared it ends with `profile-sft` (bench/profile_train_step.py: step times and
-where the time goes, in the work folder's profile-sft.md).
+where the time goes, in the work folder's profile-sft.md). `--steps ... repeat` adds
+`bench/train_repeat.py` on the prepared `sft` and `rl-step` jobs: does a job give the same weights
+twice, as shipped and with torch's deterministic algorithms (the work folder's repeat.md).
 
     python -m bench.gpu_checklist --prepare .gpu-prep             # here, the whole stack
     python -m bench.gpu_checklist --from-prepared .gpu-prep       # there, torch and the trainers
@@ -351,6 +353,9 @@ CHECKLIST_JOBS = ("sft", "dpo", "sft-lora", "dpo-lora", "zero2", "zero3", "rl-st
 RL_GROUP = 4  # samples per task in the RL step's groups, rewards 1, 0, 1, 0: every row has signal
 ROOT_MARK, PREP_MARK = "@WORK@", "@PREPARED@"  # replaced by the GPU machine's folders
 PREPARED_TIMEOUT_S = 240  # a step: a lent machine comes for minutes
+# `--steps repeat`: each job twice as shipped and twice with torch's deterministic algorithms,
+# the weights compared (bench/train_repeat.py, results section 7)
+REPEATED_JOBS, REPEAT_TIMEOUT_S = ("sft", "rl-step"), 540
 
 
 def prepare(folder: Path, jobs=CHECKLIST_JOBS, tasks: int = 16, pairs: int = 8) -> None:
@@ -499,6 +504,11 @@ def run_prepared(
         profile = [PY, "-m", "bench.profile_train_step", str(prepared), "sft", "--work",
                    str(work), "--out", str(work / "profile-sft.md")]  # fmt: skip
         steps.append(Step("profile-sft", profile, PREPARED_TIMEOUT_S))
+    repeated = [job for job in REPEATED_JOBS if job in prepared_jobs]
+    if only and "repeat" in only and repeated:  # asked for by name: ~6 min on an H200
+        repeat = [PY, "-m", "bench.train_repeat", str(prepared), "--work", str(work), "--jobs",
+                  *repeated, "--out", str(work / "repeat.md")]  # fmt: skip
+        steps.append(Step("repeat", repeat, REPEAT_TIMEOUT_S))
     if only:
         steps = [s for s in steps if s.name in {"bandwidth", *only}]
     out = out or ROOT / "bench" / "results-gpu-checklist.md"
@@ -510,13 +520,14 @@ def run_prepared(
             step.skip = step.skip or missing_module("trl", "peft", "datasets")
             if PREPARED_JOBS[step.name][2]:
                 step.skip = step.skip or missing_module("deepspeed")
-        elif step.name == "profile-sft":
+        elif step.name in ("profile-sft", "repeat"):
             step.skip = missing_module("trl", "datasets")
         elif step.name == "rollout":
             step.skip = missing_module("vllm")
         else:  # the flows
             step.skip = missing_module("prefect", "vllm", "mlflow")
-        step.timeout_s = min(step.timeout_s, PREPARED_TIMEOUT_S)
+        if step.name != "repeat":  # eight trainer runs, not one
+            step.timeout_s = min(step.timeout_s, PREPARED_TIMEOUT_S)
         run_step(step, work)
         print(f"{step.name}: {step.status} ({step.seconds:.0f} s)", flush=True)
         # After every step: a lease that ends mid-checklist still returns the steps done.

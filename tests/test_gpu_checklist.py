@@ -96,6 +96,34 @@ def test_a_machine_without_the_flows_runs_the_prepared_jobs_and_names_what_is_mi
     assert profile.command[1:5] == ["-m", "bench.profile_train_step", str(prepared), "sft"]
 
 
+def test_the_repeat_step_runs_only_when_named_on_the_prepared_jobs_it_can_repeat(
+    tmp_path, monkeypatch
+):
+    prepared = tmp_path / "prepared"
+    (prepared / "jobs").mkdir(parents=True)
+    jobs = {name: {"trainer": "sft", "accelerate": None} for name in ("sft", "dpo", "rl-step")}
+    (prepared / "plan.json").write_text(json.dumps(jobs))
+    monkeypatch.setattr(gpu_checklist, "gpu_count", lambda: 1)
+    ran = []
+
+    def run_step(step, work):
+        ran.append(step)
+        step.status = "ok"
+
+    monkeypatch.setattr(gpu_checklist, "run_step", run_step)
+    work = tmp_path / "work"
+    gpu_checklist.run_prepared(prepared, work, tmp_path / "a.md", ["build-model", "repeat"])
+    assert [s.name for s in ran] == ["bandwidth", "build-model", "repeat"]
+    repeat = ran[-1]
+    assert repeat.command[1:4] == ["-m", "bench.train_repeat", str(prepared)]
+    jobs_named = repeat.command[repeat.command.index("--jobs") + 1 : -2]
+    assert jobs_named == ["sft", "rl-step"]  # the prepared ones it repeats, not dpo
+    assert repeat.timeout_s == gpu_checklist.REPEAT_TIMEOUT_S > gpu_checklist.PREPARED_TIMEOUT_S
+    ran.clear()
+    gpu_checklist.run_prepared(prepared, work, tmp_path / "b.md", ["sft"])
+    assert [s.name for s in ran] == ["bandwidth", "sft"]
+
+
 @pytest.mark.extended
 @pytest.mark.slow  # 77 s on 2 cores: the expert data, the built-in tokenizer, a trainer
 def test_a_prepared_job_trains_and_reports_its_tokens_per_second(tmp_path):
