@@ -24,11 +24,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-from bench.gpu_checklist import peak_memory_gb
+from bench.gpu_checklist import PREPARED_TIMEOUT_S, Step, run_step
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -80,27 +78,21 @@ def compare(first: Path, second: Path) -> dict:
 
 
 def run_job(prepared: Path, name: str, work: Path, model: Path, env: dict) -> dict:
-    """One prepared job into `work`/`name`, on the shared `model`; its printed metrics."""
+    """One prepared job into `work`/`name`, on the shared `model`, as the checklist runs a step
+    (its log, timeout and peak GPU memory); the metrics the job printed."""
     work.mkdir(parents=True, exist_ok=True)
     if not (work / "model").exists():
         (work / "model").symlink_to(model)
-    log = work / f"{name}.log"
-    stop, peak = threading.Event(), [0.0]
-    watcher = threading.Thread(target=peak_memory_gb, args=(stop, peak), daemon=True)
-    watcher.start()  # nvidia-smi every 0.5 s; reads nothing on a machine without it
-    started = time.monotonic()
-    with open(log, "w") as out:
-        done = subprocess.run(
-            [PY, "-m", "bench.gpu_checklist", "--internal", "train", str(prepared), name, str(work)],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=os.environ | env,
-        )  # fmt: skip
-    stop.set()
-    text = log.read_text(errors="replace")
-    if done.returncode:
-        raise SystemExit(f"{name} failed (exit {done.returncode}): {log}\n{text[-2000:]}")
+    command = [PY, "-m", "bench.gpu_checklist", "--internal", "train", str(prepared), name,
+               str(work)]  # fmt: skip
+    step = Step(name, command, PREPARED_TIMEOUT_S, env=env)
+    run_step(step, work)
+    text = (work / f"{name}.log").read_text(errors="replace")
+    if step.status != "ok":
+        raise SystemExit(f"{name}: {step.status}\n{text[-2000:]}")
     metrics = json.loads(text.strip().splitlines()[-1])
-    metrics["wall_s"] = round(time.monotonic() - started, 1)
-    metrics["peak_gpu_gb"] = round(peak[0], 1) if peak[0] else None
+    metrics["wall_s"] = round(step.seconds, 1)
+    metrics["peak_gpu_gb"] = round(step.peak_gpu_gb, 1) if step.peak_gpu_gb else None
     metrics["nondeterministic_ops"] = sorted(set(WARNING.findall(text)))
     return metrics
 
