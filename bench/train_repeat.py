@@ -5,13 +5,16 @@ tensor by tensor, and the same again with torch's deterministic algorithms asked
     python -m bench.gpu_checklist --prepare .gpu-prep5 --tasks 64 --pairs 32   # where the stack is
     python -m bench.train_repeat .gpu-prep5 --work /tmp/repeat --jobs sft rl-step --out repeat.md
 
-The trainers set no determinism of their own. Modes, each through a sitecustomize on the
-children's PYTHONPATH (no trainer changes), all but `default` with `CUBLAS_WORKSPACE_CONFIG=:4096:8`:
+Modes: `default`, the jobs as prepared (the trainers' `deterministic` setting off, as
+shipped); `setting`, the same jobs with `deterministic: true` (what a user turns on:
+training.job.use_deterministic_kernels). The others reach torch through a sitecustomize on the
+children's PYTHONPATH, with `CUBLAS_WORKSPACE_CONFIG=:4096:8` and no trainer setting:
 `deterministic`: `torch.use_deterministic_algorithms(True, warn_only=True)`, which still runs
 nondeterministic kernels but names them (the table's last column); `deterministic-strict`: the
-same without warn_only, so kernels with a deterministic variant run it and the others raise;
-`deterministic-math`: warn_only, with flash and memory-efficient attention turned off.
-On a CPU (`FLYWHEEL_CHECKLIST_TINY=1`, a tiny model) the two default modes take about 4 minutes.
+same without warn_only, so kernels with a deterministic variant run it and the others raise
+(what the setting does); `deterministic-math`: warn_only, with flash and memory-efficient
+attention turned off. On a CPU (`FLYWHEEL_CHECKLIST_TINY=1`, a tiny model) the two default
+modes take about 4 minutes.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ MODE_ENV = {
 # (flash and memory-efficient attention's backward have one) or raises where there is none.
 MODE_ENV["deterministic-strict"] = MODE_ENV["deterministic"] | {"FLYWHEEL_BENCH_STRICT": "1"}
 MODE_ENV["deterministic-math"] = MODE_ENV["deterministic"] | {"FLYWHEEL_BENCH_MATH_ATTENTION": "1"}
+MODE_ENV["setting"] = {}  # the job files' own `deterministic: true` (`with_setting`)
 # torch's two wordings: "<op> does not have a deterministic implementation, but you set ..." and
 # "<kernel> defaults to a non-deterministic algorithm" (flash and memory-efficient attention).
 WARNING = re.compile(
@@ -77,6 +81,18 @@ def compare(first: Path, second: Path) -> dict:
     return {"tensors": len(a), "differing": differing, "max_abs_diff": largest}
 
 
+def with_setting(prepared: Path, folder: Path) -> Path:
+    """A copy of `prepared` whose jobs ask for `deterministic: true` in their settings."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(prepared, folder)
+    for job_file in (folder / "jobs").glob("*.json"):
+        job = json.loads(job_file.read_text())
+        job["settings"]["deterministic"] = True
+        job_file.write_text(json.dumps(job, indent=2))
+    return folder
+
+
 def run_job(prepared: Path, name: str, work: Path, model: Path, env: dict) -> dict:
     """One prepared job into `work`/`name`, on the shared `model`, as the checklist runs a step
     (its log, timeout and peak GPU memory); the metrics the job printed."""
@@ -103,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="folder for the model and the runs")
     parser.add_argument("--jobs", nargs="+", default=["sft", "rl-step"])
     parser.add_argument("--modes", nargs="+", choices=list(MODE_ENV),
-                        default=["default", "deterministic-strict"])  # fmt: skip
+                        default=["default", "setting"])  # fmt: skip
     parser.add_argument("--out", type=Path, help="write the table here as well")
     args = parser.parse_args(argv)
     prepared = args.prepared.resolve()
@@ -123,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for mode in args.modes:
         env = MODE_ENV[mode] | {"PYTHONPATH": path}
+        jobs = with_setting(prepared, work / "prepared-setting") if mode == "setting" else prepared
         for job in args.jobs:
-            runs = [run_job(prepared, job, work / f"{mode}-{i}", model, env) for i in (1, 2)]
+            runs = [run_job(jobs, job, work / f"{mode}-{i}", model, env) for i in (1, 2)]
             saved = [work / f"{mode}-{i}" / job / "model" for i in (1, 2)]
             same = compare(*saved)
             for folder in saved:  # a 1.7B model's weights are 7 GB: 8 of them filled a lent disk

@@ -399,6 +399,11 @@ class TrainerSettings(Strict):
     # Also a checkpoint whenever this many minutes have passed since the last one (or the
     # start): slow steps (a large model, a loaded machine) checkpoint too. 0: by steps only.
     checkpoint_every_minutes: float = Field(default=30.0, ge=0, json_schema_extra=NOT_KEYED)
+    # The same job gives the same weights on a GPU too: torch's deterministic algorithms
+    # (attention's deterministic backward, a pinned cuBLAS workspace) in every trainer process.
+    # A CPU trains deterministically either way. Off: on an H200 it cost no memory and 1.2-1.5x
+    # the train time of short jobs (bench/results-gpu-checklist.md section 7; docs/determinism.md).
+    deterministic: bool = False
 
     @model_validator(mode="after")
     def _lora_replaces_frozen_layers(self):

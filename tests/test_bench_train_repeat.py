@@ -60,3 +60,22 @@ def test_each_mode_reaches_the_trainers_process(tmp_path, mode, expected):
     env |= MODE_ENV[mode] | {"PYTHONPATH": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
     assert out.stdout.split() == expected.split(), out.stderr
+
+
+def test_the_setting_mode_trains_copies_of_the_jobs_that_ask_for_it(tmp_path):
+    from bench.train_repeat import with_setting
+    from flywheel.settings import SFTSettings
+    from training.job import TrainingJob
+
+    prepared = tmp_path / "prep"
+    (prepared / "jobs").mkdir(parents=True)
+    (prepared / "sft.jsonl").write_text("{}\n")
+    job = TrainingJob(model_dir="@WORK@/model", data_file="@PREPARED@/sft.jsonl",
+                      output_dir="@WORK@/sft", settings=SFTSettings(), seed=3)  # fmt: skip
+    job.save(prepared / "jobs" / "sft.json")
+    copy = with_setting(prepared, tmp_path / "copy")
+    read = TrainingJob[SFTSettings].load(str(copy / "jobs" / "sft.json"))
+    assert read.settings.deterministic and (copy / "sft.jsonl").is_file()
+    assert read.model_dump(exclude={"settings"}) == job.model_dump(exclude={"settings"})
+    original = TrainingJob[SFTSettings].load(str(prepared / "jobs" / "sft.json"))
+    assert not original.settings.deterministic  # the prepared folder is left as it was

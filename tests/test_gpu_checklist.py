@@ -101,7 +101,8 @@ def test_the_repeat_step_runs_only_when_named_on_the_prepared_jobs_it_can_repeat
 ):
     prepared = tmp_path / "prepared"
     (prepared / "jobs").mkdir(parents=True)
-    jobs = {name: {"trainer": "sft", "accelerate": None} for name in ("sft", "dpo", "rl-step")}
+    names = ("sft", "dpo", "zero2", "rl-step", "sft-lora")
+    jobs = {name: {"trainer": "sft", "accelerate": None} for name in names}
     (prepared / "plan.json").write_text(json.dumps(jobs))
     monkeypatch.setattr(gpu_checklist, "gpu_count", lambda: 1)
     ran = []
@@ -117,7 +118,8 @@ def test_the_repeat_step_runs_only_when_named_on_the_prepared_jobs_it_can_repeat
     repeat = ran[-1]
     assert repeat.command[1:4] == ["-m", "bench.train_repeat", str(prepared)]
     jobs_named = repeat.command[repeat.command.index("--jobs") + 1 : -2]
-    assert jobs_named == ["sft", "rl-step"]  # the prepared ones it repeats, not dpo
+    assert jobs_named == ["sft", "dpo", "rl-step", "sft-lora"]  # the prepared ones, not zero2
+    assert repeat.command[repeat.command.index("--modes") + 1] == "setting"
     assert repeat.timeout_s == gpu_checklist.REPEAT_TIMEOUT_S > gpu_checklist.PREPARED_TIMEOUT_S
     ran.clear()
     gpu_checklist.run_prepared(prepared, work, tmp_path / "b.md", ["sft"])

@@ -6,6 +6,7 @@ the ones the settings say; and every trainer setting has one key, never a second
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -108,3 +109,24 @@ def test_dpo_beta_has_one_key_per_round_and_trl_args_may_not_set_it():
         ConfigError, match=r"schedule entry 1 \(round 2\): .*trl_args\.beta .*set beta"
     ):
         load_config(ETOConfig, None, ["dpo.schedule=[{}, {trl_args: {beta: 0.5}}]"])
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_a_deterministic_job_turns_on_torchs_strict_deterministic_kernels(
+    tmp_path, monkeypatch, deterministic
+):
+    import torch
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    settings = SFTSettings(deterministic=deterministic)
+    job = TrainingJob(model_dir="m", data_file="d", output_dir="o", settings=settings, seed=4)
+    path = job.save(tmp_path / "job.json")
+    try:
+        parse_job("trainer", SFTSettings, ["--config", str(path)])
+        assert torch.are_deterministic_algorithms_enabled() is deterministic
+        # strict: an op without a deterministic kernel raises rather than warns
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()
+        pinned = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+        assert pinned == (":4096:8" if deterministic else None)
+    finally:
+        torch.use_deterministic_algorithms(False)

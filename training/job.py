@@ -75,7 +75,23 @@ def parse_job(
     """The job named by `--config`, validated with the trainer's settings model."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", required=True, help="job JSON written by the stage")
-    return TrainingJob[settings_class].load(parser.parse_args(argv).config)
+    job = TrainingJob[settings_class].load(parser.parse_args(argv).config)
+    use_deterministic_kernels(job.settings)
+    return job
+
+
+def use_deterministic_kernels(settings: TrainerSettings) -> None:
+    """`settings.deterministic`: torch's deterministic algorithms in this process, before any
+    model or CUDA work. Strict, not warn_only: an op without a deterministic kernel raises
+    instead of quietly running its other one (warn_only left two GPU runs differing)."""
+    if not settings.deterministic:
+        return
+    import torch
+
+    # cuBLAS picks a reduction split per call unless its workspace is pinned; read at its
+    # first use, so it is set before any.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
 
 
 def reporting() -> str:
