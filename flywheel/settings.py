@@ -402,7 +402,7 @@ class TrainerSettings(Strict):
     # The same job gives the same weights on a GPU too: torch's deterministic algorithms
     # (attention's deterministic backward, a pinned cuBLAS workspace) in every trainer process.
     # A CPU trains deterministically either way. Off: on an H200 it cost no memory and 1.2-1.5x
-    # the train time of short jobs (bench/results-gpu-checklist.md section 7; docs/determinism.md).
+    # the train time of short jobs (bench/results-gpu-checklist.md sections 7-8; docs/determinism.md).
     deterministic: bool = False
 
     @model_validator(mode="after")

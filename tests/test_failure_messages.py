@@ -98,6 +98,20 @@ def test_the_workers_error_is_the_cause_not_the_launchers():
     )
 
 
+def test_an_op_without_a_deterministic_kernel_names_the_setting_that_asked_for_one():
+    # torch's wording (2.x, `use_deterministic_algorithms(True)`); a CPU has no such op to raise it
+    log = (
+        "Traceback (most recent call last):\n"
+        "RuntimeError: index_add_cuda_ does not have a deterministic implementation, but you set "
+        "'torch.use_deterministic_algorithms(True)'. You can turn off determinism just for this "
+        "operation, or you can use the 'warn_only=True' option, if that's acceptable for your "
+        "application.\n"
+    )
+    first = trainer_failure("training.dpo", 1, log, "train.log").splitlines()[0]
+    assert first.startswith("RuntimeError: index_add_cuda_ does not have a deterministic")
+    assert "→ set dpo.deterministic=false" in first
+
+
 def test_a_log_without_a_traceback_gives_its_last_line_and_an_empty_one_the_exit_code():
     assert trainer_failure("training.sft", -9, "step 1\nKilled\n\n", "l").startswith("Killed\n")
     assert trainer_failure("training.sft", 3, "", "l").startswith(

@@ -103,6 +103,11 @@ FIXES = [
         re.compile(r"out of memory|OutOfMemoryError", re.I),
         "lower {section}.batch_size or .max_length",
     ),
+    # torch's strict deterministic mode (`deterministic: true`) meeting an op without such a kernel
+    (
+        re.compile(r"does not have a deterministic implementation"),
+        "set {section}.deterministic=false",
+    ),
 ]
 SECTIONS = {
     "training.dpo": "dpo",
