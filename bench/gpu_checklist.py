@@ -33,7 +33,7 @@ the stack is: `--prepare DIR` writes the trainers' rows, tokenizer and job files
 deepspeed for ZeRO), and marks the steps it cannot run with the package they need; where the
 `sft` job is prepared it ends with `profile-sft` (bench/profile_train_step.py: step times and
 where the time goes, in the work folder's profile-sft.md). `--steps ... repeat` adds
-`bench/train_repeat.py` on the prepared trainer jobs (full and LoRA): does each give the same
+`bench/train_repeat.py` on the prepared SFT job and the LoRA jobs: does each give the same
 weights twice with the trainers' `deterministic` setting on (the work folder's repeat.md; as
 shipped they do not, results sections 7-8).
 
@@ -355,9 +355,10 @@ RL_GROUP = 4  # samples per task in the RL step's groups, rewards 1, 0, 1, 0: ev
 ROOT_MARK, PREP_MARK = "@WORK@", "@PREPARED@"  # replaced by the GPU machine's folders
 PREPARED_TIMEOUT_S = 240  # a step: a lent machine comes for minutes
 # `--steps repeat`: each job twice with the trainers' `deterministic` setting, the weights
-# compared (bench/train_repeat.py, results sections 7-8: as shipped they differ; the setting ran
-# on a GPU only through the bench's sitecustomize, and LoRA not at all). ~35 s a run on an H200.
-REPEATED_JOBS = ("sft", "dpo", "rl-step", "sft-lora", "dpo-lora", "rl-step-lora")
+# compared (bench/train_repeat.py, results sections 7-8: as shipped they differ; the full jobs
+# repeated under the same torch call through the bench's sitecustomize, LoRA never ran strict).
+# 25-50 s a run on an H200: SFT through the setting itself, and the three LoRA jobs.
+REPEATED_JOBS = ("sft", "sft-lora", "dpo-lora", "rl-step-lora")
 REPEAT_TIMEOUT_S = 540
 
 
@@ -508,7 +509,7 @@ def run_prepared(
                    str(work), "--out", str(work / "profile-sft.md")]  # fmt: skip
         steps.append(Step("profile-sft", profile, PREPARED_TIMEOUT_S))
     repeated = [job for job in REPEATED_JOBS if job in prepared_jobs]
-    if only and "repeat" in only and repeated:  # asked for by name: ~7 min on an H200
+    if only and "repeat" in only and repeated:  # asked for by name: ~6 min on an H200
         repeat = [PY, "-m", "bench.train_repeat", str(prepared), "--work", str(work), "--modes",
                   "setting", "--jobs", *repeated, "--out", str(work / "repeat.md")]  # fmt: skip
         steps.append(Step("repeat", repeat, REPEAT_TIMEOUT_S))

@@ -31,13 +31,14 @@ from bench.gpu_checklist import prepared_job_file
 def job_for(prepared: Path, name: str, work: Path):
     """Prepared job `name`, writing into work/<name>-profile, without checkpoints."""
     from flywheel.settings import DPOSettings, SFTSettings
-    from training.job import TrainingJob
+    from training.job import TrainingJob, use_deterministic_kernels
 
     trainer = json.loads((prepared / "plan.json").read_text())[name]["trainer"]
     settings_class = {"sft": SFTSettings, "dpo": DPOSettings}[trainer]
     out = work / f"{name}-profile"
     job = TrainingJob[settings_class].load(str(prepared_job_file(prepared, name, work, out)))
     trl_args = {**job.trl_args, "output_dir": str(out / "trl"), "save_strategy": "no"}
+    use_deterministic_kernels(job.settings)  # as `parse_job` in a trainer process: in process here
     return job.model_copy(update={"output_dir": str(out / "model"), "trl_args": trl_args})
 
 

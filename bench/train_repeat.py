@@ -148,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(folder)
             rows.append((job, mode, runs, same))
             print(json.dumps({"job": job, "mode": mode, "runs": runs, "weights": same}), flush=True)
+            if args.out:  # after every job: a call cut at its time limit keeps the rows done
+                args.out.write_text(table(rows) + "\n")
+    print(table(rows))
+    return 0
+
+
+def table(rows: list) -> str:
     lines = [
         "| job | mode | train s (run 1, 2) | peak GPU GB | final loss (run 1, 2) | tensors differing | max abs diff | ops torch warned of |",
         "|---|---|---|---|---|---:|---:|---|",
@@ -160,11 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{runs[0]['train_loss']!r}, {runs[1]['train_loss']!r} | "
             f"{same['differing']} of {same['tensors']} | {same['max_abs_diff']:.3g} | {ops} |"
         )
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        args.out.write_text(table + "\n")
-    return 0
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -401,7 +401,7 @@ class TrainerSettings(Strict):
     checkpoint_every_minutes: float = Field(default=30.0, ge=0, json_schema_extra=NOT_KEYED)
     # The same job gives the same weights on a GPU too: torch's deterministic algorithms
     # (attention's deterministic backward, a pinned cuBLAS workspace) in every trainer process.
-    # A CPU trains deterministically either way. Off: on an H200 it cost no memory and 1.2-1.5x
+    # A CPU trains deterministically either way. Off: on an H200 it cost no memory and ~1.2-1.6x
     # the train time of short jobs (bench/results-gpu-checklist.md sections 7-8; docs/determinism.md).
     deterministic: bool = False
 

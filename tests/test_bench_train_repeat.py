@@ -79,3 +79,40 @@ def test_the_setting_mode_trains_copies_of_the_jobs_that_ask_for_it(tmp_path):
     assert read.model_dump(exclude={"settings"}) == job.model_dump(exclude={"settings"})
     original = TrainingJob[SFTSettings].load(str(prepared / "jobs" / "sft.json"))
     assert not original.settings.deterministic  # the prepared folder is left as it was
+
+
+def test_main_trains_the_setting_mode_from_the_copy_and_writes_each_row_as_it_ends(
+    tmp_path, monkeypatch
+):
+    import json
+
+    from bench import train_repeat
+    from flywheel.settings import SFTSettings
+    from training.job import TrainingJob
+
+    prepared = tmp_path / "prep"
+    (prepared / "jobs").mkdir(parents=True)
+    (prepared / "plan.json").write_text(json.dumps({"sft": {"trainer": "sft"}}))
+    job = TrainingJob(model_dir="@WORK@/model", data_file="d", output_dir="@WORK@/sft",
+                      settings=SFTSettings(), seed=3)  # fmt: skip
+    job.save(prepared / "jobs" / "sft.json")
+    work = tmp_path / "work"
+    (work / "model").mkdir(parents=True)
+    (work / "model" / "config.json").write_text("{}")  # no model to build
+    asked = []
+
+    def run_job(jobs, name, folder, model, env):
+        read = TrainingJob[SFTSettings].load(str(jobs / "jobs" / f"{name}.json"))
+        asked.append((folder.name, read.settings.deterministic))
+        (folder / name / "model").mkdir(parents=True)
+        save_file({"w": torch.ones(2)}, str(folder / name / "model" / "model.safetensors"))
+        return {"train_s": 1.0, "peak_gpu_gb": None, "train_loss": 0.5, "nondeterministic_ops": []}
+
+    monkeypatch.setattr(train_repeat, "run_job", run_job)
+    out = tmp_path / "repeat.md"
+    argv = [str(prepared), "--work", str(work), "--jobs", "sft", "--out", str(out)]
+    assert train_repeat.main(argv) == 0
+    assert asked == [("default-1", False), ("default-2", False),
+                     ("setting-1", True), ("setting-2", True)]  # fmt: skip
+    rows = out.read_text().splitlines()[2:]
+    assert [row.split(" | ")[:2] for row in rows] == [["| sft", "default"], ["| sft", "setting"]]

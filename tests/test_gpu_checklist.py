@@ -101,7 +101,7 @@ def test_the_repeat_step_runs_only_when_named_on_the_prepared_jobs_it_can_repeat
 ):
     prepared = tmp_path / "prepared"
     (prepared / "jobs").mkdir(parents=True)
-    names = ("sft", "dpo", "zero2", "rl-step", "sft-lora")
+    names = ("sft", "dpo", "zero2", "sft-lora", "rl-step-lora")
     jobs = {name: {"trainer": "sft", "accelerate": None} for name in names}
     (prepared / "plan.json").write_text(json.dumps(jobs))
     monkeypatch.setattr(gpu_checklist, "gpu_count", lambda: 1)
@@ -118,7 +118,7 @@ def test_the_repeat_step_runs_only_when_named_on_the_prepared_jobs_it_can_repeat
     repeat = ran[-1]
     assert repeat.command[1:4] == ["-m", "bench.train_repeat", str(prepared)]
     jobs_named = repeat.command[repeat.command.index("--jobs") + 1 : -2]
-    assert jobs_named == ["sft", "dpo", "rl-step", "sft-lora"]  # the prepared ones, not zero2
+    assert jobs_named == ["sft", "sft-lora", "rl-step-lora"]  # those it repeats, prepared
     assert repeat.command[repeat.command.index("--modes") + 1] == "setting"
     assert repeat.timeout_s == gpu_checklist.REPEAT_TIMEOUT_S > gpu_checklist.PREPARED_TIMEOUT_S
     ran.clear()

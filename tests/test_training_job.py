@@ -117,10 +117,12 @@ def test_a_deterministic_job_turns_on_torchs_strict_deterministic_kernels(
 ):
     import torch
 
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # recorded, so undone after the test
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     settings = SFTSettings(deterministic=deterministic)
     job = TrainingJob(model_dir="m", data_file="d", output_dir="o", settings=settings, seed=4)
     path = job.save(tmp_path / "job.json")
+    before = torch.are_deterministic_algorithms_enabled()
     try:
         parse_job("trainer", SFTSettings, ["--config", str(path)])
         assert torch.are_deterministic_algorithms_enabled() is deterministic
@@ -129,4 +131,4 @@ def test_a_deterministic_job_turns_on_torchs_strict_deterministic_kernels(
         pinned = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
         assert pinned == (":4096:8" if deterministic else None)
     finally:
-        torch.use_deterministic_algorithms(False)
+        torch.use_deterministic_algorithms(before)
