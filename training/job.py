@@ -72,7 +72,8 @@ def job_problems(path: str, error: ValidationError) -> str:
 def parse_job(
     description: str, settings_class: type[TrainerSettings], argv: list[str] | None = None
 ) -> TrainingJob:
-    """The job named by `--config`, validated with the trainer's settings model."""
+    """The job named by `--config`, validated with the trainer's settings model; its
+    `deterministic` setting is applied to this process before the trainer starts."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", required=True, help="job JSON written by the stage")
     job = TrainingJob[settings_class].load(parser.parse_args(argv).config)
