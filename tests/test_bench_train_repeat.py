@@ -1,5 +1,6 @@
 """bench/train_repeat.py: the weight comparison, torch's warnings as parsed, and the modes' hook."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,7 +9,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from bench.train_repeat import MODE_ENV, SITECUSTOMIZE, WARNING, compare
+from bench.train_repeat import MODE_ENV, SITECUSTOMIZE, WARNING, compare, with_setting
+from flywheel.settings import SFTSettings
+from training.job import TrainingJob
 
 
 def saved(folder, tensors):
@@ -62,17 +65,20 @@ def test_each_mode_reaches_the_trainers_process(tmp_path, mode, expected):
     assert out.stdout.split() == expected.split(), out.stderr
 
 
-def test_the_setting_mode_trains_copies_of_the_jobs_that_ask_for_it(tmp_path):
-    from bench.train_repeat import with_setting
-    from flywheel.settings import SFTSettings
-    from training.job import TrainingJob
-
+def prepared_sft_job(tmp_path):
+    """A prepared folder as `gpu_checklist --prepare` writes it, holding one SFT job."""
     prepared = tmp_path / "prep"
     (prepared / "jobs").mkdir(parents=True)
+    (prepared / "plan.json").write_text(json.dumps({"sft": {"trainer": "sft"}}))
     (prepared / "sft.jsonl").write_text("{}\n")
     job = TrainingJob(model_dir="@WORK@/model", data_file="@PREPARED@/sft.jsonl",
                       output_dir="@WORK@/sft", settings=SFTSettings(), seed=3)  # fmt: skip
     job.save(prepared / "jobs" / "sft.json")
+    return prepared, job
+
+
+def test_the_setting_mode_trains_copies_of_the_jobs_that_ask_for_it(tmp_path):
+    prepared, job = prepared_sft_job(tmp_path)
     copy = with_setting(prepared, tmp_path / "copy")
     read = TrainingJob[SFTSettings].load(str(copy / "jobs" / "sft.json"))
     assert read.settings.deterministic and (copy / "sft.jsonl").is_file()
@@ -84,18 +90,9 @@ def test_the_setting_mode_trains_copies_of_the_jobs_that_ask_for_it(tmp_path):
 def test_main_trains_the_setting_mode_from_the_copy_and_writes_each_row_as_it_ends(
     tmp_path, monkeypatch
 ):
-    import json
-
     from bench import train_repeat
-    from flywheel.settings import SFTSettings
-    from training.job import TrainingJob
 
-    prepared = tmp_path / "prep"
-    (prepared / "jobs").mkdir(parents=True)
-    (prepared / "plan.json").write_text(json.dumps({"sft": {"trainer": "sft"}}))
-    job = TrainingJob(model_dir="@WORK@/model", data_file="d", output_dir="@WORK@/sft",
-                      settings=SFTSettings(), seed=3)  # fmt: skip
-    job.save(prepared / "jobs" / "sft.json")
+    prepared, _ = prepared_sft_job(tmp_path)
     work = tmp_path / "work"
     (work / "model").mkdir(parents=True)
     (work / "model" / "config.json").write_text("{}")  # no model to build
