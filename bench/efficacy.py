@@ -18,6 +18,12 @@ served from their manifests. Then, per stage:
 - per seed, whether the orderings the papers predict hold: SFT < ETO round 1 <= ETO round 2, and
   ETO's last round <= Agent-R's last round.
 
+Beside the report (`--out`) goes its results file (the same name, `.json`): per run, each
+evaluated task's success and tool calls, each stage's start, tokens trained, wall time, and the
+settings the runs shared. Seeds run on different machines (or days) pool into one report with
+`--from-results a.json b.json ...`, which runs nothing and refuses files made with different
+settings. `--store` may be a folder or any fsspec URL (s3:// included).
+
 With `--set evaluate.samples=4` (k sampled episodes per held-out task) or `--set
 evaluate.harder_max_expert_steps=8` (TextCraft's harder goals), every run also evaluates those
 variants, and the report gives each its own tables, pooled over seeds x samples x tasks.
@@ -36,6 +42,8 @@ tasks: for the reported tables only (docs/evaluation.md).
     python -m bench.efficacy --split validation       # the same runs, read on validation
     python -m bench.efficacy --seeds 0 --rounds 1     # one seed, one round: a quick look
     python -m bench.efficacy --gpu                    # one GPU: every train task each round
+    python -m bench.efficacy --seeds 1 --out seed1.md # one seed here, others elsewhere, then:
+    python -m bench.efficacy --from-results seed0.json seed1.json seed2.json --out all.md
 
 On a GPU machine (the flows use it when torch sees one) `--gpu` explores or searches every train
 task each round, as the papers do, and freezes no layer.
@@ -130,6 +138,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gpu", action="store_true", help="the GPU budget: every train task each round, no "
         "layer frozen (see GPU_BUDGET)"
     )  # fmt: skip
+    parser.add_argument(
+        "--from-results", type=Path, nargs="+", metavar="FILE", help="run nothing: pool the "
+        "results files earlier runs wrote beside their reports (--out's .json), e.g. seeds run "
+        "on different machines, into one report; their recipes, seeds and settings are used"
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -203,42 +216,95 @@ def run_recipe(recipe: str, seed: int, args) -> float:
     return time.monotonic() - started
 
 
-def stage_episodes(
-    store: Path, recipe: str, seed: int, split: str = "test", variant: str = ""
-) -> dict[str, list[dict[str, dict]]]:
-    """Stage label -> per sample, task id -> the stored episode record, from the run's
-    evaluation trajectories: the greedy ones (one sample), or `variant`'s (`evaluate.samples`:
-    k samples per task, a task's in sample order; "harder": the harder goals). Stages without
-    that variant are left out."""
-    from flywheel.settings import EvaluateSettings
-    from tasks.report import outcomes_by_sample
+class StoreRuns:
+    """The bench's runs as their run folders hold them (a folder or any fsspec URL, s3://
+    included), read for the report on one split."""
 
-    run = store / run_name(recipe, seed)
-    folder = run / EvaluateSettings(split=split).folder
-    folder = folder.with_name(f"{folder.name}-{variant}") if variant else folder
-    episodes = {}
-    for stage in json.loads((run / "results.json").read_text()):
-        played = folder / stage["stage"] / "trajectories.jsonl"
-        if not played.exists():
-            continue
-        records = [json.loads(line) for line in played.read_text().splitlines() if line.strip()]
-        episodes[stage["stage"]] = outcomes_by_sample([(r["task_id"], r) for r in records])
-    return episodes
+    def __init__(self, store: str, split: str = "test"):
+        import fsspec
+
+        self.fs, self.root = fsspec.core.url_to_fs(store)
+        self.split = split
+
+    def path(self, recipe: str, seed: int, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), run_name(recipe, seed), *parts])
+
+    def read_json(self, path: str):
+        with self.fs.open(path) as f:
+            return json.load(f)
+
+    def episodes(self, recipe: str, seed: int, variant: str = "") -> dict[str, list[dict]]:
+        """Stage label -> per sample, task id -> the stored episode record, from the run's
+        evaluation trajectories: the greedy ones (one sample), or `variant`'s
+        (`evaluate.samples`: k samples per task, a task's in sample order; "harder": the harder
+        goals). Stages without that variant are left out."""
+        from flywheel.settings import EvaluateSettings
+        from tasks.report import outcomes_by_sample
+
+        folder = EvaluateSettings(split=self.split).folder + (f"-{variant}" if variant else "")
+        episodes = {}
+        for stage in self.read_json(self.path(recipe, seed, "results.json")):
+            played = self.path(recipe, seed, folder, stage["stage"], "trajectories.jsonl")
+            if not self.fs.exists(played):
+                continue
+            with self.fs.open(played, "r") as f:
+                records = [json.loads(line) for line in f if line.strip()]
+            episodes[stage["stage"]] = outcomes_by_sample([(r["task_id"], r) for r in records])
+        return episodes
+
+    def has_variant(self, recipe: str, seed: int, variant: str) -> bool:
+        return self.fs.exists(self.path(recipe, seed, f"results-{variant}.json"))
+
+    def starts(self, recipe: str, seed: int) -> dict[str, str]:
+        """Stage label -> the stage it started from, as the run's report paired them."""
+        paired = self.path(recipe, seed, "paired.json")
+        rows = self.read_json(paired) if self.fs.exists(paired) else []
+        return {row["stage"]: row["started_from"] for row in rows}
+
+    def tokens(self, recipe: str, seed: int) -> dict[str, int]:
+        """Trainer folder -> tokens its training forwarded (rows' tokens x epochs)."""
+        run = self.path(recipe, seed)
+        tokens = {}
+        for manifest in sorted(self.fs.glob(f"{run}/**/_MANIFEST.json")):
+            metrics = self.read_json(manifest).get("metrics", {})
+            if "tokens_per_epoch" in metrics:
+                folder = manifest[len(run) + 1 :].rsplit("/", 1)[0]
+                tokens[folder] = round(metrics["tokens_per_epoch"] * metrics.get("epoch", 1))
+        return tokens
 
 
-def stage_outcomes(
-    store: Path, recipe: str, seed: int, split: str = "test", variant: str = ""
-) -> dict[str, list[dict[str, bool]]]:
-    """Stage label -> per sample, task id -> solved (`stage_episodes`)."""
+class SavedRuns:
+    """The same reads from a results file (`results_data`) instead of the run folders: a
+    report rebuilt without the store, and seeds run on different machines pooled."""
+
+    def __init__(self, runs: dict[str, dict]):
+        self.runs = runs  # "recipe:seed" -> one run's entry
+
+    def entry(self, recipe: str, seed: int) -> dict:
+        return self.runs[f"{recipe}:{seed}"]
+
+    def episodes(self, recipe: str, seed: int, variant: str = "") -> dict[str, list[dict]]:
+        return self.entry(recipe, seed)["episodes"].get(variant, {})
+
+    def has_variant(self, recipe: str, seed: int, variant: str) -> bool:
+        return variant in self.entry(recipe, seed)["episodes"]
+
+    def starts(self, recipe: str, seed: int) -> dict[str, str]:
+        return self.entry(recipe, seed)["starts"]
+
+    def tokens(self, recipe: str, seed: int) -> dict[str, int]:
+        return self.entry(recipe, seed)["tokens"]
+
+
+def stage_outcomes(runs, recipe: str, seed: int, variant: str = "") -> dict[str, list[dict]]:
+    """Stage label -> per sample, task id -> solved (`episodes`)."""
     return {
         stage: [{t: bool(r["success"]) for t, r in sample.items()} for sample in samples]
-        for stage, samples in stage_episodes(store, recipe, seed, split, variant).items()
+        for stage, samples in runs.episodes(recipe, seed, variant).items()
     }
 
 
-def stage_tool_calls(
-    store: Path, recipe: str, seed: int, split: str = "test", variant: str = ""
-) -> dict[str, list[dict[str, tuple[float, int]]]]:
+def stage_tool_calls(runs, recipe: str, seed: int, variant: str = "") -> dict[str, list[dict]]:
     """Stage label -> per sample, task id -> (tool calls, solved 0/1), for the stages whose
     episodes record their tool calls (the tool environments' `metrics.tool_calls`)."""
     return {
@@ -246,38 +312,87 @@ def stage_tool_calls(
             {t: (r["metrics"]["tool_calls"], int(r["success"])) for t, r in sample.items()}
             for sample in samples
         ]
-        for stage, samples in stage_episodes(store, recipe, seed, split, variant).items()
+        for stage, samples in runs.episodes(recipe, seed, variant).items()
         if all("tool_calls" in r.get("metrics", {}) for s in samples for r in s.values())
     }
 
 
-def variants_present(store: Path, args, seeds: list[int]) -> list[str]:
+def variants_present(runs, recipes: list[str], seeds: list[int]) -> list[str]:
     """The evaluation variants every run evaluated ("" for the greedy one, then "sampled",
     "harder", "harder-sampled" as `evaluate.samples` and `evaluate.harder_max_expert_steps`
-    asked): those whose results file each run of the bench has."""
-    runs = [store / run_name(r, s) for r in args.recipes for s in seeds]
+    asked)."""
     return [""] + [
-        v for v in VARIANT_TITLES if all((r / f"results-{v}.json").exists() for r in runs)
+        v for v in VARIANT_TITLES if all(runs.has_variant(r, s, v) for r in recipes for s in seeds)
     ]
 
 
-def stage_starts(store: Path, recipe: str, seed: int) -> dict[str, str]:
-    """Stage label -> the stage it started from, as the run's report paired them."""
-    paired = store / run_name(recipe, seed) / "paired.json"
-    rows = json.loads(paired.read_text()) if paired.exists() else []
-    return {row["stage"]: row["started_from"] for row in rows}
+def results_data(args, runs, seeds: list[int], walls: dict, argv=None) -> dict:
+    """What the report reads from each run, as plain data: per evaluation variant and stage,
+    each task's success and tool calls (the episodes' token ids left out), each stage's start,
+    tokens trained, wall time; and the settings every run shared, which pooled files must
+    agree on."""
+
+    def kept(record: dict) -> dict:
+        calls = record.get("metrics", {}).get("tool_calls")
+        return {"success": bool(record["success"])} | (
+            {"metrics": {"tool_calls": calls}} if calls is not None else {}
+        )
+
+    entries = {}
+    for recipe in args.recipes:
+        for seed in seeds:
+            variants = variants_present(runs, [recipe], [seed])
+            entries[f"{recipe}:{seed}"] = {
+                "episodes": {
+                    v: {
+                        stage: [{t: kept(r) for t, r in sample.items()} for sample in samples]
+                        for stage, samples in runs.episodes(recipe, seed, v).items()
+                    }
+                    for v in variants
+                },
+                "starts": runs.starts(recipe, seed),
+                "tokens": runs.tokens(recipe, seed),
+                "wall_s": walls.get((recipe, seed)),
+            }
+    shared = {"split": args.split, "rounds": args.rounds, "set": args.set, "gpu": args.gpu}
+    return {**shared, "command": report_command(argv), "runs": entries}
 
 
-def tokens_trained(store: Path, recipe: str, seed: int) -> dict[str, int]:
-    """Trainer folder -> tokens its training forwarded (rows' tokens x epochs)."""
-    tokens, run = {}, store / run_name(recipe, seed)
-    for manifest in sorted(run.rglob("_MANIFEST.json")):
-        data = json.loads(manifest.read_text())
-        metrics = data.get("metrics", {})
-        if "tokens_per_epoch" in metrics:
-            folder = manifest.parent.relative_to(run)
-            tokens[str(folder)] = round(metrics["tokens_per_epoch"] * metrics.get("epoch", 1))
-    return tokens
+SHARED_SETTINGS = ("split", "rounds", "set", "gpu")
+
+
+def load_results(args) -> tuple[SavedRuns, list[int], dict]:
+    """The runs of the results files named by `--from-results`, pooled: refused when the files
+    disagree on a setting every run must share or hold the same run twice. Sets `args`' shared
+    settings, recipes and seeds from them."""
+    files = [(path, json.loads(path.read_text())) for path in args.from_results]
+    first_path, first = files[0]
+    entries: dict[str, dict] = {}
+    for path, data in files:
+        for name in SHARED_SETTINGS:
+            if data[name] != first[name]:
+                raise SystemExit(
+                    f"{path} was run with {name}={data[name]!r} but {first_path} with "
+                    f"{first[name]!r}: pool only runs made with the same settings"
+                )
+        for key, entry in data["runs"].items():
+            if key in entries:
+                raise SystemExit(f"{path} holds {key} (recipe:seed) again: pool each run once")
+            entries[key] = entry
+    for name in SHARED_SETTINGS:
+        setattr(args, name, first[name])
+    pooled = [tuple(key.rsplit(":", 1)) for key in entries]
+    args.recipes = [r for r in RECIPES if any(r == recipe for recipe, _ in pooled)]
+    seeds = sorted({int(seed) for _, seed in pooled})
+    missing = [f"{r}:{s}" for r in args.recipes for s in seeds if f"{r}:{s}" not in entries]
+    if missing:
+        raise SystemExit(
+            f"the files hold no run for {', '.join(missing)}: every recipe needs every seed "
+            "to pool task by task"
+        )
+    walls = {(r, s): entries[f"{r}:{s}"]["wall_s"] or 0.0 for r in args.recipes for s in seeds}
+    args.sources = [(str(path), data["command"]) for path, data in files]
+    return SavedRuns(entries), seeds, walls
 
 
 def bootstrap_interval(table: list[dict[str, bool]], resamples: int, seed: int = 0):
@@ -396,14 +511,18 @@ def learning_curve(
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    store = Path(args.store.removeprefix("file://"))
+    if args.from_results:
+        runs, seeds, walls = load_results(args)
+        write_report(args, runs, seeds, walls, argv)
+        return
+    runs = StoreRuns(args.store, args.split)
     walls = {}
     for seed in args.seeds:
         for recipe in args.recipes:
             walls[(recipe, seed)] = run_recipe(recipe, seed, args)
         # A report after every seed: a bench stopped midway still leaves what it measured.
         finished = [s for s in args.seeds if all((r, s) in walls for r in args.recipes)]
-        write_report(args, store, finished, walls, argv)
+        write_report(args, runs, finished, walls, argv)
 
 
 def paired_row(
@@ -488,15 +607,15 @@ VARIANT_TITLES = {
 }
 
 
-def variant_tables(args, store: Path, seeds: list[int], variant: str):
+def variant_tables(args, runs, seeds: list[int], variant: str):
     """One evaluation variant's rows, paired rows, curves, paired differences and per-seed
     rates. With k samples per task each (seed, sample) is a row of the bootstrap, as a seed is."""
     rows, paired, curves, differences = [], [], {}, {}
     per_seed = {s: {} for s in seeds}
     for recipe in args.recipes:
-        outcomes = {s: stage_outcomes(store, recipe, s, args.split, variant) for s in seeds}
-        tokens = {s: tokens_trained(store, recipe, s) for s in seeds}
-        starts = {k: v for s in seeds for k, v in stage_starts(store, recipe, s).items()}
+        outcomes = {s: stage_outcomes(runs, recipe, s, variant) for s in seeds}
+        tokens = {s: runs.tokens(recipe, s) for s in seeds}
+        starts = {k: v for s in seeds for k, v in runs.starts(recipe, s).items()}
         curves[recipe], differences[recipe] = [], []
         for stage in outcomes[seeds[0]]:
             by_seed = {s: outcomes[s][stage] for s in seeds if stage in outcomes[s]}
@@ -557,15 +676,15 @@ def calls_against(calls: dict, seeds: list[int], stage: str, start: str, resampl
     return f"| {start} | {difference} | {interval} |"
 
 
-def efficiency_lines(args, store: Path, seeds: list[int], variant: str) -> list[str]:
+def efficiency_lines(args, runs, seeds: list[int], variant: str) -> list[str]:
     """For the recipes whose episodes call tools: tool calls per correct answer per stage,
     pooled over seeds (x samples) x tasks, and against its start the difference with a paired
     bootstrap interval over seeds x tasks (ET-Agent's aim: fewer calls per correct answer than
     RFT at no lower success, which the paired success table reads)."""
     lines = []
     for recipe in args.recipes:
-        calls = {s: stage_tool_calls(store, recipe, s, args.split, variant) for s in seeds}
-        starts = {k: v for s in seeds for k, v in stage_starts(store, recipe, s).items()}
+        calls = {s: stage_tool_calls(runs, recipe, s, variant) for s in seeds}
+        starts = {k: v for s in seeds for k, v in runs.starts(recipe, s).items()}
         order = list(calls[seeds[0]])
         for stage in order:
             ratio = calls_per_correct([t for s in seeds for t in calls[s].get(stage, [])])
@@ -613,31 +732,42 @@ def seed_rates(by_seed: dict, rates: list[float], seeds: list[int]) -> str:
     return f"{text} (seeds {reached}; not reached by seed {', '.join(map(str, missing))})"
 
 
-def variant_section(args, store: Path, seeds: list[int], variant: str) -> list[str]:
+def variant_section(args, runs, seeds: list[int], variant: str) -> list[str]:
     """A variant's rates and paired tables, under its own heading."""
-    rows, paired, *_ = variant_tables(args, store, seeds, variant)
+    rows, paired, *_ = variant_tables(args, runs, seeds, variant)
     return [
         f"## {VARIANT_TITLES[variant]}", "", *RATES_HEADER, *rows, "", *PAIRED_HEADER, *paired, "",
-        *efficiency_lines(args, store, seeds, variant),
+        *efficiency_lines(args, runs, seeds, variant),
     ]  # fmt: skip
 
 
-def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None:
-    rows, paired, curves, differences, per_seed = variant_tables(args, store, seeds, "")
+def report_command(argv: list[str] | None = None) -> str:
+    arguments = argv if argv is not None else sys.argv[1:]
+    return ("python -m bench.efficacy " + shlex.join(arguments)).strip()
+
+
+def write_report(args, runs, seeds: list[int], walls: dict, argv) -> None:
+    """The markdown report and its plot at `--out`, and beside them (`.json`) the results file
+    it was made from (`results_data`), which `--from-results` pools with other machines'."""
+    rows, paired, curves, differences, per_seed = variant_tables(args, runs, seeds, "")
     extra = [
         line
-        for variant in variants_present(store, args, seeds)[1:]
-        for line in variant_section(args, store, seeds, variant)
+        for variant in variants_present(runs, args.recipes, seeds)[1:]
+        for line in variant_section(args, runs, seeds, variant)
     ]
+    if not getattr(args, "sources", None):  # a pooled report's files are its data
+        data = results_data(args, runs, seeds, walls, argv)
+        args.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     plot = args.out.with_suffix(".png")
     learning_curve(curves, plot, differences)
-    command = "python -m bench.efficacy " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = report_command(argv)
+    pooled = [f"- `{path}`, from `{made_by}`" for path, made_by in getattr(args, "sources", [])]
     walltimes = ", ".join(f"{r} seed {s}: {w / 60:.1f} min" for (r, s), w in walls.items())
     ordered = orderings(per_seed, args.rounds)  # ETO and Agent-R only
     report = [
         "# Efficacy: held-out success per stage, over seeds (`bench/efficacy.py`)",
         "",
-        f"Command: `{command.strip()}` (`make bench-efficacy`). Date: "
+        f"Command: `{command}` (`make bench-efficacy`). Date: "
         f"{datetime.now(UTC):%Y-%m-%d}. Machine: {os.cpu_count()} CPU cores, "
         f"{platform.machine()}, Python {platform.python_version()}.",
         "Budget on top of the shipped configs: "
@@ -652,6 +782,7 @@ def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None
         f"{args.rounds} rounds, seeds {seeds}. Wall time (a finished stage is served from "
         f"its manifest on a re-run, so a resumed run reads short): {walltimes}.",
         "",
+        *(["Pooled from the results files of runs made elsewhere:", *pooled, ""] if pooled else []),
         *splits_lines(args, seeds),
         "",
         *RATES_HEADER,
@@ -664,7 +795,7 @@ def write_report(args, store: Path, seeds: list[int], walls: dict, argv) -> None
         *PAIRED_HEADER,
         *paired,
         "",
-        *efficiency_lines(args, store, seeds, ""),
+        *efficiency_lines(args, runs, seeds, ""),
         f"![learning curve]({plot.name})",
         "",
         *(["Orderings per seed:", *ordered, ""] if ordered else []),

@@ -152,3 +152,26 @@ def tiny_tool_recipe(run_name: str, root: Path, **sections) -> dict:
         "sample": {"tasks_per_round": 2, "samples_per_task": 2},
         **sections,
     }
+
+
+@pytest.fixture
+def s3_store(tmp_path, monkeypatch):
+    """A real S3 endpoint on loopback (moto's server) and a bucket in it."""
+    import s3fs
+
+    from flywheel.storage import ArtifactStore
+    from ops.services import free_port, start_s3
+
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "FLYWHEEL_CACHE": str(tmp_path / "cache"),
+    }.items():
+        monkeypatch.setenv(key, value)
+    server = start_s3(free_port(), home=tmp_path)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.url)
+    s3fs.S3FileSystem.clear_instance_cache()  # a cached client would keep an older endpoint
+    yield ArtifactStore("s3://flywheel/runs")
+    server.stop()
+    s3fs.S3FileSystem.clear_instance_cache()

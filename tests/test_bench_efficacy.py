@@ -135,6 +135,10 @@ def test_paired_rows_pool_seeds_and_tasks():
     assert efficacy.paired_row("eto-round-2", "sft", outcomes, 10) is None
 
 
+def store_runs(store, args):
+    return efficacy.StoreRuns(str(store), args.split)
+
+
 def write_run(store, recipe, seed, stages, starts, folder="evaluate"):
     run = store / efficacy.run_name(recipe, seed)
     (run).mkdir(parents=True, exist_ok=True)
@@ -157,7 +161,7 @@ def test_the_report_gives_paired_rows_and_the_split_it_read(tmp_path):
             "eto-round-1": {"a": True, "b": seed == 0},
         }
         write_run(tmp_path, "eto", seed, stages, starts, folder="evaluate-validation")
-    efficacy.write_report(args, tmp_path, [0, 1], {}, [])
+    efficacy.write_report(args, store_runs(tmp_path, args), [0, 1], {}, [])
     text = (tmp_path / "out.md").read_text()
     assert "Rates on the **validation** split (`--split validation`)." in text
     assert "- validation tasks (20): birch_boat, black_terracotta," in text
@@ -174,7 +178,8 @@ def test_a_stage_some_seeds_did_not_reach_names_the_seeds_it_pools(tmp_path):
     stages = {"untrained": {"a": False}, "sft": {"a": True}, "eto-round-1": {"a": True}}
     write_run(tmp_path, "eto", 0, {**stages, "eto-round-2": {"a": False}}, starts)
     write_run(tmp_path, "eto", 1, stages, starts)
-    efficacy.write_report(arguments(tmp_path), tmp_path, [0, 1], {}, [])
+    args = arguments(tmp_path)
+    efficacy.write_report(args, store_runs(tmp_path, args), [0, 1], {}, [])
     text = (tmp_path / "out.md").read_text()
     assert "| 0/1 | 0% (seeds 0; not reached by seed 1) |" in text
     assert "| 2/2 | 100%, 100% |" in text  # round 1: both seeds, no note
@@ -201,7 +206,7 @@ def test_a_sampled_evaluation_gets_its_own_tables_pooled_over_seeds_and_samples(
             folder.mkdir(parents=True)
             lines = [json.dumps({"task_id": t, "success": ok}) for t, ok in played]
             (folder / "trajectories.jsonl").write_text("\n".join(lines))
-    efficacy.write_report(args, tmp_path, [0, 1], {}, [])
+    efficacy.write_report(args, store_runs(tmp_path, args), [0, 1], {}, [])
     text = (tmp_path / "out.md").read_text()
     greedy_part, sampled_part = text.split("## Sampled episodes")
     assert "| eto | eto-round-1 | sft | 4 | 0 | 0 | +0.0% |" in greedy_part
@@ -229,7 +234,7 @@ def test_tool_calls_per_correct_answer_pooled_and_paired_against_the_start(tmp_p
             ]
             path = tmp_path / efficacy.run_name("et-agent", seed) / "evaluate" / stage
             (path / "trajectories.jsonl").write_text("\n".join(lines))
-    lines = efficacy.efficiency_lines(args, tmp_path, [0, 1], "")
+    lines = efficacy.efficiency_lines(args, store_runs(tmp_path, args), [0, 1], "")
     # RFT: 14 calls over 3 correct answers; stage 1: 5 over 3; the warm start answers nothing.
     assert "| et-agent | warm-start | – | – | – | – |" in lines
     assert lines[lines.index("| et-agent | warm-start | – | – | – | – |") + 1].startswith(
@@ -241,7 +246,7 @@ def test_tool_calls_per_correct_answer_pooled_and_paired_against_the_start(tmp_p
     args.recipes = ["eto"]
     write_run(tmp_path, "eto", 0, {"sft": {"a": True}}, {})
     write_run(tmp_path, "eto", 1, {"sft": {"a": True}}, {})
-    assert efficacy.efficiency_lines(args, tmp_path, [0, 1], "") == []
+    assert efficacy.efficiency_lines(args, store_runs(tmp_path, args), [0, 1], "") == []
 
 
 def test_et_agents_later_stages_are_also_paired_against_rft(tmp_path):
@@ -275,14 +280,16 @@ def test_et_agents_later_stages_are_also_paired_against_rft(tmp_path):
     # calls per correct answer: RFT 6 over 1, stage 1 4 over 2, stage 2 2 over 1
     stage_2 = [
         line
-        for line in efficacy.efficiency_lines(args, tmp_path, [0], "")
+        for line in efficacy.efficiency_lines(args, store_runs(tmp_path, args), [0], "")
         if line.startswith("| et-agent | stage-2 |")
     ]
     assert [line.split(" | ")[2:5] for line in stage_2] == [
         ["2.0", "stage-1", "+0.0"],
         ["2.0", "rft", "-4.0"],
     ]
-    _, paired, _, differences, _ = efficacy.variant_tables(args, tmp_path, [0], "")
+    _, paired, _, differences, _ = efficacy.variant_tables(
+        args, store_runs(tmp_path, args), [0], ""
+    )
     assert [line.split(" | ")[2:7] for line in paired if "| stage-2 |" in line] == [
         ["stage-1", "2", "0", "1", "-50.0%"],
         ["rft", "2", "0", "0", "+0.0%"],
@@ -297,3 +304,112 @@ def test_seeds_that_evaluated_different_tasks_are_refused_not_pooled():
     assert efficacy.bootstrap_interval([{"a": True, "b": False}, {"b": True, "a": True}], 50)
     with pytest.raises(ValueError, match="evaluated different tasks"):
         efficacy.bootstrap_interval([{"a": True, "b": False}, {"a": True, "c": True}], 50)
+
+
+def write_tool_runs(store, seeds=(0, 1)):
+    """ET-Agent runs with tool calls, tokens in a manifest and a sampled variant: every field
+    the report reads from a run."""
+    starts = {"rft": "warm-start", "stage-1": "rft"}
+    for seed in seeds:
+        run = store / efficacy.run_name("et-agent", seed)
+        write_run(
+            store, "et-agent", seed, {k: {} for k in ("warm-start", "rft", "stage-1")}, starts
+        )
+        played = {
+            "warm-start": {"a": (0, False), "b": (1, False), "c": (0, seed == 1)},
+            "rft": {"a": (4, True), "b": (2, False), "c": (3, True)},
+            "stage-1": {"a": (2, True), "b": (1, seed == 0), "c": (2, False)},
+        }
+        for stage, tasks in played.items():
+            lines = [
+                json.dumps({"task_id": t, "success": ok, "metrics": {"tool_calls": calls}})
+                for t, (calls, ok) in tasks.items()
+            ]
+            (run / "evaluate" / stage / "trajectories.jsonl").write_text("\n".join(lines))
+            sampled = run / "evaluate-sampled" / stage
+            sampled.mkdir(parents=True)
+            twice = [line for line in lines for _ in range(2)]
+            (sampled / "trajectories.jsonl").write_text("\n".join(twice))
+        (run / "results-sampled.json").write_text("[]")
+        (run / "sft").mkdir()
+        manifest = {"metrics": {"tokens_per_epoch": 100 + seed, "epoch": 2}}
+        (run / "sft" / "_MANIFEST.json").write_text(json.dumps(manifest))
+
+
+def tables(text):
+    """A report from its rates table on, less its plot's name: what the runs measured, not how
+    the report was made."""
+    lines = text[text.index("| recipe | stage | mean success") :].splitlines()
+    return [line for line in lines if not line.startswith("![learning curve]")]
+
+
+def test_per_seed_results_files_pool_into_the_report_of_all_seeds_run_together(tmp_path):
+    """Seeds run on different machines, each bench writing its results file, pool into the
+    report one bench over all seeds gives; nothing is read from the store."""
+    store = tmp_path / "store"
+    write_tool_runs(store)
+    common = ["--recipes", "et-agent", "--rounds", "1", "--bootstrap", "200", "--store", str(store)]
+    together = efficacy.parse_args(
+        [*common, "--seeds", "0", "1", "--out", str(tmp_path / "all.md")]
+    )
+    efficacy.write_report(together, store_runs(store, together), [0, 1], {}, [])
+    for seed in (0, 1):
+        alone = efficacy.parse_args(
+            [*common, "--seeds", str(seed), "--out", str(tmp_path / f"seed{seed}.md")]
+        )
+        efficacy.write_report(
+            alone, store_runs(store, alone), [seed], {("et-agent", seed): 60.0}, []
+        )
+    saved = json.loads((tmp_path / "seed1.json").read_text())
+    assert saved["runs"]["et-agent:1"]["tokens"] == {"sft": 202}
+    assert "token_ids" not in json.dumps(saved)
+    for path in (store, tmp_path / "all.md", tmp_path / "all.png"):
+        (path.rename(path.with_name(path.name + ".gone")))
+    efficacy.main(
+        ["--from-results", str(tmp_path / "seed0.json"), str(tmp_path / "seed1.json"),
+         "--out", str(tmp_path / "pooled.md"), "--bootstrap", "200"]
+    )  # fmt: skip
+    pooled = (tmp_path / "pooled.md").read_text()
+    assert tables(pooled) == tables((tmp_path / "all.md.gone").read_text())
+    assert "| et-agent | stage-1 | rft | 6 | 1 | 2 |" in pooled  # seeds x tasks pooled
+    assert "## Sampled episodes" in pooled and "| 202 |" not in pooled  # tokens: mean 201
+    assert f"- `{tmp_path / 'seed0.json'}`, from `python -m bench.efficacy" in pooled
+    assert "et-agent seed 0: 1.0 min, et-agent seed 1: 1.0 min" in pooled
+    assert not (tmp_path / "pooled.json").exists()  # its data are the files it pooled
+
+
+def saved_file(path, runs, **settings):
+    shared = {"split": "test", "rounds": 1, "set": [], "gpu": False, **settings}
+    entry = {"episodes": {"": {}}, "starts": {}, "tokens": {}, "wall_s": 1.0}
+    path.write_text(json.dumps({**shared, "command": "x", "runs": {r: entry for r in runs}}))
+    return str(path)
+
+
+def test_results_files_that_cannot_be_pooled_are_refused_with_the_reason(tmp_path):
+    out = ["--out", str(tmp_path / "out.md")]
+    first = saved_file(tmp_path / "a.json", ["agent-r1:0"])
+    other_setting = saved_file(tmp_path / "b.json", ["agent-r1:1"], set=["rl.learning_rate=5e-5"])
+    with pytest.raises(SystemExit, match="was run with set=.*pool only runs made with the same"):
+        efficacy.main(["--from-results", first, other_setting, *out])
+    other_split = saved_file(tmp_path / "c.json", ["agent-r1:1"], split="validation")
+    with pytest.raises(SystemExit, match="split='validation'"):
+        efficacy.main(["--from-results", first, other_split, *out])
+    again = saved_file(tmp_path / "d.json", ["agent-r1:0"])
+    with pytest.raises(SystemExit, match="holds agent-r1:0 .* again"):
+        efficacy.main(["--from-results", first, again, *out])
+    other_recipe = saved_file(tmp_path / "e.json", ["et-agent:1"])
+    with pytest.raises(SystemExit, match="no run for agent-r1:1, et-agent:0"):
+        efficacy.main(["--from-results", first, other_recipe, *out])
+    assert not (tmp_path / "out.md").exists()
+
+
+def test_the_report_reads_a_run_store_on_s3_as_it_reads_a_folder(tmp_path, s3_store):
+    local = tmp_path / "store"
+    write_tool_runs(local, seeds=(0,))
+    s3_store.fs.put(str(local) + "/", "flywheel/runs/", recursive=True)
+    on_disk, on_s3 = efficacy.StoreRuns(str(local)), efficacy.StoreRuns(s3_store.root)
+    for read in ("episodes", "starts", "tokens"):
+        assert getattr(on_s3, read)("et-agent", 0) == getattr(on_disk, read)("et-agent", 0)
+    assert on_s3.tokens("et-agent", 0) == {"sft": 200}
+    assert on_s3.has_variant("et-agent", 0, "sampled")
+    assert not on_s3.has_variant("et-agent", 0, "harder")

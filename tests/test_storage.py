@@ -25,28 +25,6 @@ def test_unwritable_store_is_named(tmp_path):
         ArtifactStore(str(blocker / "runs")).check_writable()
 
 
-@pytest.fixture
-def s3_store(tmp_path, monkeypatch):
-    """A real S3 endpoint on loopback (moto's server) and a bucket in it."""
-    import s3fs
-
-    from ops.services import free_port, start_s3
-
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "FLYWHEEL_CACHE": str(tmp_path / "cache"),
-    }.items():
-        monkeypatch.setenv(key, value)
-    server = start_s3(free_port(), home=tmp_path)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", server.url)
-    s3fs.S3FileSystem.clear_instance_cache()  # a cached client would keep an older endpoint
-    yield ArtifactStore("s3://flywheel/runs")
-    server.stop()
-    s3fs.S3FileSystem.clear_instance_cache()
-
-
 def test_s3_round_trip_of_records_manifests_and_model_folders(s3_store, tmp_path):
     s3_store.check_writable()
     stage = s3_store.url("run", "sft")
