@@ -16,7 +16,6 @@ from flywheel.stage import StageResult, StageRun, stage
 from flywheel.storage import ArtifactStore
 from ops.driver import Recipe, RoundResult, all_rounds
 from ops.status import ReadOnlyStore, folder_status, plan, render
-from tests.test_storage import s3_store  # noqa: F401  (a fixture: moto's S3 on loopback)
 
 
 class MakeInputs(BaseModel):
