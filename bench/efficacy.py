@@ -748,16 +748,18 @@ def report_command(argv: list[str] | None = None) -> str:
 
 def write_report(args, runs, seeds: list[int], walls: dict, argv) -> None:
     """The markdown report and its plot at `--out`, and beside them (`.json`) the results file
-    it was made from (`results_data`), which `--from-results` pools with other machines'."""
+    it was made from (`results_data`), which `--from-results` pools with other machines'. The
+    store is read once, into that file's data; the tables read the data."""
+    if not getattr(args, "sources", None):  # a pooled report's files are its data
+        data = results_data(args, runs, seeds, walls, argv)
+        args.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+        runs = SavedRuns(data["runs"])
     rows, paired, curves, differences, per_seed = variant_tables(args, runs, seeds, "")
     extra = [
         line
         for variant in variants_present(runs, args.recipes, seeds)[1:]
         for line in variant_section(args, runs, seeds, variant)
     ]
-    if not getattr(args, "sources", None):  # a pooled report's files are its data
-        data = results_data(args, runs, seeds, walls, argv)
-        args.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     plot = args.out.with_suffix(".png")
     learning_curve(curves, plot, differences)
     command = report_command(argv)
