@@ -12,7 +12,6 @@ import threading
 import time
 
 import pytest
-import s3fs
 from prefect import flow
 
 from ops import run_lock
@@ -109,24 +108,9 @@ def test_the_holder_renews_its_heartbeat(tmp_path, monkeypatch):
         assert not lock.lost
 
 
-@pytest.fixture
-def s3_store(monkeypatch):
-    from ops.services import free_port, start_s3
-
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "flywheel-test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "flywheel-test")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    endpoint = start_s3(free_port())
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint.url)
-    s3fs.S3FileSystem.clear_instance_cache()
-    s3fs.S3FileSystem().mkdir("locks")
-    yield "s3://locks/runs"
-    endpoint.stop()
-    s3fs.S3FileSystem.clear_instance_cache()
-
-
 def test_the_lock_works_on_s3(s3_store):
-    first, second = RunLock(s3_store, "eto-x"), RunLock(s3_store, "eto-x")
+    """On moto's S3 (the shared `s3_store` fixture)."""
+    first, second = RunLock(s3_store.root, "eto-x"), RunLock(s3_store.root, "eto-x")
     with first.hold():
         with pytest.raises(RunLocked, match="is held by"):
             second.acquire()
