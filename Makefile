@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast test-extended mutation lint bench bench-kv-cache bench-sandbox bench-chaos bench-mcts gpu-checklist bench-env bench-train bench-efficacy bench-et-agent-competent bench-agent-r1 services deploy worker
+.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast test-extended mutation lint bench bench-kv-cache bench-sandbox bench-chaos bench-mcts gpu-checklist bench-env bench-train bench-efficacy bench-et-agent-competent bench-agent-r1 bench-demo-cost bench-greedy-engine bench-train-repeat bench-profile-train-step bench-sizing bench-determinism services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -116,6 +116,34 @@ bench-et-agent-competent: install
 # speed, rollouts with tool calls against the decode bound: bench/results-agent-r1.md
 bench-agent-r1: install
 	$(PY) bench/agent_r1.py
+
+# The cost of a whole command: wall time and the peak memory of its process tree (the README's
+# demo cost; CMD= any other command)
+bench-demo-cost: install
+	$(PY) -m bench.measure_run -- $(or $(CMD),$(MAKE) demo)
+
+# Greedy episodes on an engine capped for seeded sampling against an uncapped one
+# (bench/results-greedy-engine.md; ~10 min)
+bench-greedy-engine: install
+	$(PY) -m bench.greedy_engine
+
+# On a CUDA machine, after `python -m bench.gpu_checklist --prepare DIR` (PREPARED=DIR): the same
+# training job twice, weights compared (docs/determinism.md), and one job's step profiled
+bench-train-repeat: install
+	$(PY) -m bench.train_repeat $(PREPARED) --work $(or $(WORK),/tmp/flywheel-train-repeat)
+
+bench-profile-train-step: install
+	$(PY) -m bench.profile_train_step $(PREPARED) $(or $(JOB),sft) --work $(or $(WORK),/tmp/flywheel-train-repeat)
+
+# Memory and wall time per stage on paper, from FLOP counts and an H100's bounds (docs/sizing.md)
+bench-sizing: install
+	$(PY) -m bench.sizing
+
+# The same sampled explore shard played twice and compared episode by episode (docs/determinism.md)
+bench-determinism: install
+	$(PY) -m bench.sampled_twice play runs/sampled-1.jsonl
+	$(PY) -m bench.sampled_twice play runs/sampled-2.jsonl
+	$(PY) -m bench.sampled_twice compare runs/sampled-1.jsonl runs/sampled-2.jsonl
 
 demo-scienceworld: install
 	$(PY) -m flows.eto --config configs/eto_scienceworld.yaml

@@ -1,4 +1,4 @@
-"""bench/dpo_margins.py's arithmetic, against hand-computed values."""
+"""experiments/dpo_margins.py's arithmetic, against hand-computed values."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench import dpo_margins
+from experiments import dpo_margins
 
 
 def test_mask_runs_are_the_agent_turns():

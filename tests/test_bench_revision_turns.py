@@ -1,11 +1,11 @@
-"""bench/revision_turns.py on hand-made episodes: refused actions, recoveries, revision turns."""
+"""experiments/revision_turns.py on hand-made episodes: refused actions, recoveries, revision turns."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from bench import revision_turns
+from experiments import revision_turns
 from tasks.splice import REVISION_THOUGHTS
 
 

@@ -1,4 +1,4 @@
-"""bench/rl_signal.py on hand-made groups: which episodes a round trains on, and each kind's
+"""experiments/rl_signal.py on hand-made groups: which episodes a round trains on, and each kind's
 GRPO advantage summed plainly and by loss tokens."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bench.rl_signal import advantage_by_kind, behaviour, trained_groups
+from experiments.rl_signal import advantage_by_kind, behaviour, trained_groups
 from flywheel.records import Message, Trajectory
 
 

@@ -1,4 +1,4 @@
-"""bench/stage_diff.py and bench/failed_turns.py on hand-made records: identical episodes, tasks
+"""experiments/stage_diff.py and experiments/failed_turns.py on hand-made records: identical episodes, tasks
 gained and lost; trained turns answered by a failed action."""
 
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import stage_diff
+from experiments import stage_diff
 
 
 def write_stage(
@@ -54,7 +54,7 @@ def test_an_unknown_stage_names_the_stages_there(tmp_path, capsys):
 
 
 def test_failed_turns_count_only_trained_turns_answered_by_a_failure():
-    from bench import failed_turns
+    from experiments import failed_turns
     from flywheel.records import Trajectory
 
     record = {

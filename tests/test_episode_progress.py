@@ -1,10 +1,10 @@
-"""bench/episode_progress.py: where failed TextCraft episodes stop, counted from observations."""
+"""experiments/episode_progress.py: where failed TextCraft episodes stop, counted from observations."""
 
 import json
 
 import pytest
 
-from bench import episode_progress
+from experiments import episode_progress
 
 
 def episode(observations: list[str], success: bool = False) -> dict:

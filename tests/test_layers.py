@@ -25,6 +25,9 @@ LAYERS = [
     # Benchmarks and measurements; examples of what users write (an environment plugin): each
     # may import any package below, and nothing imports them.
     ["bench", "examples"],
+    # Experiments: scripts that reproduce one claim of docs/ (experiments/README.md); they may
+    # reuse a bench's measuring code, and nothing imports them.
+    ["experiments"],
 ]
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
 
@@ -153,9 +156,9 @@ def test_the_code_version_sees_every_package_and_no_stage_runs_ops_or_flows():
     flows/, so a change there re-runs nothing."""
     from flywheel.code_version import PROJECT_PACKAGES, closure
 
-    # bench/ and examples/ are no stage's code: nothing below them may import them, so no
-    # closure reaches them.
-    assert set(PROJECT_PACKAGES) == set(RANK) - {"bench", "examples"}
+    # bench/, examples/ and experiments/ are no stage's code: nothing below them may import
+    # them, so no closure reaches them.
+    assert set(PROJECT_PACKAGES) == set(RANK) - {"bench", "examples", "experiments"}
     stage_modules = tuple(f"tasks.{p.stem}" for p in (ROOT / "tasks").glob("*.py"))
     reached = {m.split(".")[0] for m in closure(stage_modules)}
     assert reached <= {p for p, rank in RANK.items() if rank < RANK["ops"]}

@@ -1,4 +1,4 @@
-"""bench/temperature_sweep.py reads a run's greedy and sampled evaluations and pairs two stages
+"""experiments/temperature_sweep.py reads a run's greedy and sampled evaluations and pairs two stages
 sample by sample; checked on hand-written runs against hand-counted cells."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.temperature_sweep import evaluation, main, row, sampled_inputs
+from experiments.temperature_sweep import evaluation, main, row, sampled_inputs
 
 
 def write_evaluation(folder: Path, played: list[tuple[str, bool]], temperature=None) -> None:

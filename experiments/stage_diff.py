@@ -2,8 +2,8 @@
 episode: how many greedy episodes are identical (every reply the same), and which tasks were
 gained or lost.
 
-    python -m bench.stage_diff runs/eto-textcraft sft eto-round-1
-    python -m bench.stage_diff runs/eto-textcraft sft eto-round-1 --split validation
+    python -m experiments.stage_diff runs/eto-textcraft sft eto-round-1
+    python -m experiments.stage_diff runs/eto-textcraft sft eto-round-1 --split validation
 
 A round whose success rate equals its start's can be a policy that did not move (every episode
 identical: the update was too small) or one that moved without net effect (episodes differ,

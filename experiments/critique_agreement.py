@@ -6,8 +6,8 @@ the pairs' bad paths with several critique settings: the likelihood critique as 
 with contextual calibration (`calibration: content_free`), and with `locate: most_bad`. The model
 runs on CPU with transformers; every (prompt, reply) is scored once and shared by all settings.
 
-    .venv/bin/python -m bench.critique_agreement --run /work/main/runs/agent-r-textcraft \\
-        --pairs all --out bench/results-critique.md
+    .venv/bin/python -m experiments.critique_agreement --run /work/main/runs/agent-r-textcraft \\
+        --pairs all --out experiments/results-critique.md
 
 `--pairs selected` judges the pairs the run's select-paths stage chose; `all` pairs every failed
 leaf of a tree that has a good leaf with one (the select-paths rule without its cap), for more n.
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         f"# Critique agreement with the oracle's first error ({args.pairs} pairs)",
         "",
-        f"Command: `.venv/bin/python -m bench.critique_agreement --run {args.run} "
+        f"Command: `.venv/bin/python -m experiments.critique_agreement --run {args.run} "
         f"--round {args.round} --pairs {args.pairs} --history-steps {args.history_steps}"
         f"{' --two-verdicts' if args.two_verdicts else ''}`",
         f"Machine: {platform.processor() or platform.machine()}, {args.threads} threads, "

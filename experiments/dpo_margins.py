@@ -16,7 +16,7 @@ for token under greedy decoding (every token ranked first): the last is what a g
 needs. A DPO round that widens the margin on held-out pairs while its turn match falls is pushing
 both sides down (likelihood displacement) rather than raising the right actions.
 
-    python -m bench.dpo_margins runs/efficacy-eto-seed0 --policy lr1e-5=DIR [--policy NAME=DIR]
+    python -m experiments.dpo_margins runs/efficacy-eto-seed0 --policy lr1e-5=DIR [--policy NAME=DIR]
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ refused an action, how many of those still reached the goal, how many answer a r
 revision turn's action (the environment's no-op, TextCraft's `inventory`), and how many hold a
 revision turn's thought (one the splice stage trains on, `tasks.splice.REVISION_THOUGHTS`).
 
-    python -m bench.revision_turns runs/agent-r-textcraft
-    python -m bench.revision_turns runs/efficacy-agent-r-seed0 --split validation
-    python -m bench.revision_turns runs/agent-r-textcraft --max-steps 6   # + the round's revisions
+    python -m experiments.revision_turns runs/agent-r-textcraft
+    python -m experiments.revision_turns runs/efficacy-agent-r-seed0 --split validation
+    python -m experiments.revision_turns runs/agent-r-textcraft --max-steps 6   # + the round's revisions
 
 Agent-R's round is meant to teach the policy to notice its error and go back; a round whose
 evaluations show no revision turn changed the policy some other way.
@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.failed_turns import FAILURE
 from bench.run_files import read_records
 from envs.textcraft import TextCraftEnv
+from experiments.failed_turns import FAILURE
 from flywheel.chat import parse_reply
 from flywheel.records import Trajectory
 from flywheel.settings import EvaluateSettings

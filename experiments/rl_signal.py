@@ -1,7 +1,7 @@
 """What an RL round's sampled groups teach, and what its policy then does differently.
 
-    python -m bench.rl_signal runs/agent-r1-qa/round-1/sample/trajectories.jsonl
-    python -m bench.rl_signal SAMPLES --before WARM/trajectories.jsonl --after RL/trajectories.jsonl
+    python -m experiments.rl_signal runs/agent-r1-qa/round-1/sample/trajectories.jsonl
+    python -m experiments.rl_signal SAMPLES --before WARM/trajectories.jsonl --after RL/trajectories.jsonl
 
 The first table splits the sampled episodes of the groups the round trains on (`--groups mixed`:
 those holding both a success and a failure, `rl.groups`'s default in the QA configs) by what the

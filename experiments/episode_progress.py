@@ -4,8 +4,8 @@ and the actions refused ("Could not ...") an episode, from a run store's evaluat
 A success rate of 0 says nothing about where a policy stops; this reads it from the observations,
 pooled over every run (seed) in the store that evaluated the variant.
 
-    python -m bench.episode_progress runs-efficacy --variant harder
-    python -m bench.episode_progress runs-efficacy            # the greedy test evaluations
+    python -m experiments.episode_progress runs-efficacy --variant harder
+    python -m experiments.episode_progress runs-efficacy            # the greedy test evaluations
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Train one Agent-R1 RL update on a finished run's stored samples, and evaluate it.
 
-    .venv/bin/python -m bench.rl_from_samples --run runs/agent-r1-qa --name dr-grpo \\
+    .venv/bin/python -m experiments.rl_from_samples --run runs/agent-r1-qa --name dr-grpo \\
         rl.estimator=dr-grpo rl.learning_rate=2e-4
 
 Takes the run's warm start (`<run>/sft/model`) and its first round's sampled groups

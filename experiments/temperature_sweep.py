@@ -5,7 +5,7 @@ This replays two stages' sampled evaluations of finished runs at other temperatu
 compares them, sample by sample, at each temperature, beside the greedy (0) and the runs' own
 (`evaluate.temperature`) ones.
 
-    python -m bench.temperature_sweep --runs runs-efficacy/efficacy-agent-r1-seed0 \\
+    python -m experiments.temperature_sweep --runs runs-efficacy/efficacy-agent-r1-seed0 \\
         --start warm-start --stage rl-round-1 --temperatures 0.5 --out bench/results-temp.md
 
 Each run must have evaluated both stages with `evaluate.samples` (`evaluate-sampled/<stage>/`):
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> str:
     table = "\n".join(lines)
     print(table)
     if args.out:
-        command = "python -m bench.temperature_sweep " + " ".join(argv or [])
+        command = "python -m experiments.temperature_sweep " + " ".join(argv or [])
         Path(args.out).write_text(f"Command: `{command}`\n\n{table}\n")
     return table
 

@@ -1,7 +1,7 @@
 """How much of a training set teaches mistakes: of the assistant turns that carry a loss, how many
 are answered by an observation saying the action failed.
 
-    python -m bench.failed_turns runs/agent-r-textcraft/round-1/sft-data/trajectories.jsonl
+    python -m experiments.failed_turns runs/agent-r-textcraft/round-1/sft-data/trajectories.jsonl
 
 Expert data scores 0 here; a revision-SFT set built from sampled "good" continuations (a tree
 path that reached the goal can still hold failed actions on the way) need not.

@@ -1,0 +1,1 @@
+"""Experiments: each script reproduces a claim made in docs/ (experiments/README.md)."""
