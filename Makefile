@@ -101,7 +101,7 @@ bench-efficacy: install
 	$(PY) -m bench.efficacy
 
 # ET-Agent from the warm start on every train question at the setting chosen on validation
-# (docs/results.md, ET-Agent): validation seeds 0-2 first, then the test split on the same store
+# (docs/notebook.md, ET-Agent): validation seeds 0-2 first, then the test split on the same store
 # (every trained stage served, only the evaluations run). Hours on 2 cores (not timed end to end).
 ET_AGENT_COMPETENT = --recipes et-agent --seeds 0 1 2 --rounds 2 --set env.train_tasks=null \
 	--set sample.curriculum=none --set calibration.budget=16 --set evolve.rewrite=false \

@@ -93,7 +93,7 @@ class EvolveSettings(Strict):
     success_f1: float = Field(default=0.8, ge=0.0, le=1.0)  # a trajectory above this F1 is correct
     # A correct trajectory with no redundant step is kept without its free text ("rewrite"); off,
     # it is rolled out afresh. Thought-less rows can teach a small policy to stop thinking, and
-    # without its thoughts the 135M policy stopped calling python (docs/results.md, ET-Agent).
+    # without its thoughts the 135M policy stopped calling python (docs/notebook.md, ET-Agent).
     rewrite: bool = True
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
 
