@@ -187,17 +187,35 @@ def model_shape(model_dir: Path) -> ModelShape:
     )
 
 
-def matmul_flops(threads: int, seconds: float = 0.5, repeats: int = 3) -> float:
-    """Best float32 FLOP/s of a square matmul over `repeats` windows of `seconds` each."""
+# The number formats whose matmul rate a bench measures: the engine and the trainers run in one
+# of them (`model.precision`), and which is fastest depends on the CPU (bf16 runs several times
+# float32 on AMX / avx512_bf16 cores and tens of times slower without them).
+PRECISIONS = ("float32", "bfloat16")
+
+
+def matmul_flops(
+    threads: int, seconds: float = 0.5, repeats: int = 3, precision: str = "float32"
+) -> float:
+    """Best FLOP/s of a square matmul in `precision` over `repeats` windows of `seconds` each.
+
+    Where one product takes longer than a window (bf16 without hardware support runs at well under
+    1 GFLOP/s), that one timed product is the measurement: its rate is what matters, not its
+    third digit."""
     import torch
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a = torch.randn(MATMUL_SIZE, MATMUL_SIZE)
-        b = torch.randn(MATMUL_SIZE, MATMUL_SIZE)
-        out = torch.empty(MATMUL_SIZE, MATMUL_SIZE)
-        for _ in range(3):
+        dtype = getattr(torch, precision)
+        a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, dtype=dtype)
+        b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, dtype=dtype)
+        out = torch.empty(MATMUL_SIZE, MATMUL_SIZE, dtype=dtype)
+        work = 2 * MATMUL_SIZE**3
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        if (first := time.perf_counter() - start) > seconds:
+            return work / first
+        for _ in range(2):
             torch.mm(a, b, out=out)
         best = 0.0
         for _ in range(repeats):
@@ -205,10 +223,39 @@ def matmul_flops(threads: int, seconds: float = 0.5, repeats: int = 3) -> float:
             while (elapsed := time.perf_counter() - start) < seconds:
                 torch.mm(a, b, out=out)
                 count += 1
-            best = max(best, 2 * MATMUL_SIZE**3 * count / elapsed)
+            best = max(best, work * count / elapsed)
         return best
     finally:
         torch.set_num_threads(previous)
+
+
+def matmul_bounds(threads: int, previous: dict[str, float] | None = None) -> dict[str, float]:
+    """FLOP/s of every precision in PRECISIONS on `threads` threads; with `previous`, the best of
+    both timings (a timing taken while something else ran reads low)."""
+    timed = {p: matmul_flops(threads, precision=p) for p in PRECISIONS}
+    return {p: max(timed[p], (previous or {}).get(p, 0.0)) for p in PRECISIONS}
+
+
+def bound_lines(bounds: dict[str, float], ran_in: str, threads: int) -> list[str]:
+    """A table of the machine's matmul bound in every precision, the one the work ran in marked,
+    with each precision's rate against float32."""
+    fastest = max(bounds, key=bounds.get)
+    lines = [
+        f"| precision | {MATMUL_SIZE}x{MATMUL_SIZE} matmul on {threads} threads, GFLOP/s "
+        "| against float32 | |",
+        "|---|---:|---:|---|",
+    ]
+    for precision, flops in bounds.items():
+        marks = [
+            m
+            for m, on in (("ran in", precision == ran_in), ("fastest", precision == fastest))
+            if on
+        ]
+        lines.append(
+            f"| {precision} | {flops / 1e9:.1f} | {flops / bounds['float32']:.2f}x | "
+            + " ".join([", ".join(marks), "|"]).lstrip()
+        )
+    return lines
 
 
 # --- counting what the engine did ----------------------------------------------------------------
@@ -527,6 +574,16 @@ def report(info: dict, sequential: WayResult, batched: WayResult) -> tuple[str, 
         + f" (KV cache: {info.get('kv_cache_dtype', 'auto')}). "
         "The bound is the best of matmul timings before and after the explorations.",
     ]
+    if bounds := info.get("matmul_bounds"):
+        fastest = max(bounds.values())
+        lines += [
+            "",
+            f"The engine computed in {info['precision']}; against the fastest format's bound "
+            f"({fastest / 1e9:.1f} GFLOP/s) batched decoding reaches "
+            f"{batched.tokens_per_s * shape.flops_per_token / fastest:.1%} of the decode bound.",
+            "",
+            *bound_lines(bounds, info["precision"], info["threads"]),
+        ]
     results = {
         "settings": {k: v for k, v in info.items() if k != "shape"},
         "model_shape": asdict(shape) | {"flops_per_token": shape.flops_per_token},
@@ -617,6 +674,9 @@ def main(argv: list[str] | None = None) -> int:
     # The machine's limit is the best it showed: a timing taken while something else ran reads low.
     flops_1 = max(flops_1, matmul_flops(1))
     flops_all = max(flops_all, matmul_flops(cpus)) if cpus > 1 else flops_1
+    # Every format's bound on all threads: the engine computes in one (float32 on a CPU), and
+    # the fastest says what a change of format could give on this machine.
+    bounds = matmul_bounds(cpus, previous={"float32": flops_all})
 
     info = {
         "model": label,
@@ -637,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
         "load": load,
         "flops_1": flops_1,
         "flops_all": flops_all,
+        "matmul_bounds": bounds,
+        "precision": "float32",
         "vllm": vllm.__version__,
         "torch": torch.__version__,
         "shape": shape,

@@ -21,7 +21,8 @@ context tokens of those rows. What is reported per variant:
   positions as shipped, every position in the "every position" variants (trl's way on a CPU).
   DPO adds the reference model's forward unless it is precomputed. Attention over the context is
   left out, so the fractions are conservative;
-- fraction of the float32 matmul bound on all threads, timed in this run.
+- fraction of the matmul bound on all threads in the precision the trainers ran in, and of the
+  fastest precision's bound (float32 and bfloat16, both timed in this run).
 
     python -m bench.train_throughput                       # SmolLM2-135M, the shipped settings
     python -m bench.train_throughput --model tiny --frozen-layers 1 --tasks 4 --pairs 4  # smoke test
@@ -40,7 +41,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.rollout_throughput import ModelShape, matmul_flops, model_shape, resolve_model
+from bench.rollout_throughput import (
+    PRECISIONS,
+    ModelShape,
+    bound_lines,
+    matmul_bounds,
+    model_shape,
+    resolve_model,
+)
 from bench.trl_every_position import TRAINER_VARIABLE
 
 # Variants: name -> (trainer, trl_args on top of the shipped settings, job fields). The one job
@@ -284,20 +292,23 @@ def launch_measuring_peak(module: str, job_file: Path, log_file: Path, extra_env
 
 
 def report(results: list[Measured], info: dict) -> str:
-    bound = info["matmul_flops"]
+    bounds, ran_in = info["matmul_bounds"], info["precision"]
+    bound, fastest = bounds[ran_in], max(bounds.values())
     lines = [
         f"### Training throughput: {info['model']}, {info['frozen_layers']} of "
         f"{info['layers']} layers frozen, max_length {info['max_length']}",
         "",
         "| variant | rows | trained tokens | padding | steps | train s | trained tok/s "
-        "| model GFLOP/s | of matmul bound | train loss | peak RSS MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| model GFLOP/s | of the {ran_in} bound | of the fastest bound | train loss "
+        "| peak RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in results:
         lines.append(
             f"| {m.variant} | {m.rows} | {m.real_tokens:,} | {m.padding:.1%} | {m.steps} "
             f"| {m.seconds:.1f} | {m.tokens_per_s:.1f} | {m.flops / m.seconds / 1e9:.1f} "
-            f"| {m.flops / m.seconds / bound:.1%} | {m.final_loss:.4f} | {m.peak_rss_mb:,.0f} |"
+            f"| {m.flops / m.seconds / bound:.1%} | {m.flops / m.seconds / fastest:.1%} "
+            f"| {m.final_loss:.4f} | {m.peak_rss_mb:,.0f} |"
         )
     base = {m.trainer: m for m in results if m.variant == m.trainer}
     lines += ["", "| variant | trained tok/s vs the shipped trainer |", "|---|---:|"]
@@ -306,10 +317,10 @@ def report(results: list[Measured], info: dict) -> str:
             lines.append(f"| {m.variant} | {m.tokens_per_s / base[m.trainer].tokens_per_s:.2f}x |")
     lines += checkpoint_lines(results)
     lines += lora_lines(results)
+    lines += ["", *bound_lines(bounds, ran_in, info["threads"])]
     lines += [
         "",
-        f"float32 {info['matmul_size']}x{info['matmul_size']} matmul on {info['threads']} "
-        f"threads: {bound / 1e9:.1f} GFLOP/s (timed in this run). {info['cpus']} CPUs, load "
+        f"The trainers ran in {ran_in}; the bounds were timed in this run. {info['cpus']} CPUs, load "
         f"average {info['load']:.2f} at the start; torch {info['torch']}, trl {info['trl']}; "
         f"{info['date']}. Command: `{info['command']}`.",
     ]
@@ -368,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.frozen_layers > shape.layers:
         sys.exit(f"--frozen-layers {args.frozen_layers}: {label} has {shape.layers} layers")
     cpus = len(os.sched_getaffinity(0))
-    print(f"timing float32 matmuls on {cpus} threads ...", file=sys.stderr)
-    bound = matmul_flops(cpus)
+    print(f"timing matmuls in {', '.join(PRECISIONS)} on {cpus} threads ...", file=sys.stderr)
+    bounds = matmul_bounds(cpus)
     trajectories, pairs = expert_data(args.tasks, args.max_expert_steps)
     pairs = pairs[: args.pairs]
     results = []
@@ -381,7 +392,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {time.perf_counter() - started:.0f} s", file=sys.stderr)
     info = {
         "model": label, "layers": shape.layers, "frozen_layers": args.frozen_layers,
-        "max_length": args.max_length, "matmul_flops": bound, "matmul_size": 1024,
+        "max_length": args.max_length, "matmul_bounds": bounds, "matmul_size": 1024,
+        # The trainers compute in float32 on a CPU; the bf16 bound says what that format leaves.
+        "precision": "float32",
         "threads": cpus, "cpus": cpus, "load": load, "torch": torch.__version__,
         "trl": trl.__version__, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": shlex.join(["python", "bench/train_throughput.py", *(argv or sys.argv[1:])]),
