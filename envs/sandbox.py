@@ -7,11 +7,14 @@ chosen by `SandboxLimits.isolation` (the setting `env.qa.python_isolation`):
 "namespaces" (the default; `envs/sandbox_namespaces.py`): the code runs in new user, mount, PID,
 network, IPC, UTS and cgroup namespaces, as an unprivileged user with no capabilities. It sees a
 root of its own: read-only binds of the interpreter's files (its prefix, the virtual environment,
-/usr/lib), its directory read-write at /sandbox, /dev/null and friends, and a /proc showing only
-its own processes; nothing else of the host (no /etc, no home, no /tmp). The network namespace
+/usr/lib), a tmpfs at /sandbox (main.py, capped at `disk_mb` and `max_files`), /dev/null and
+friends, and a /proc showing only its own processes; nothing else of the host (no /etc, no home,
+no /tmp, not the run's folder). The network namespace
 has only a loopback that is down, so no connection leaves, whatever the code calls. Its
 environment is a fixed one of a few variables, nothing of the parent's. RLIMIT_NPROC holds
-(the box's user is not root), and nested user namespaces are disabled inside. Where the kernel
+(the box's user is not root), and nested user namespaces are disabled inside. The box's init
+is shielded from the code: not dumpable, under the same limits, and a seccomp filter refuses
+ptrace and process_vm_readv/writev to everything in the box. Where the kernel
 refuses a step of this, `run_python` raises SandboxUnavailable naming the setting that accepts
 the weaker box; nothing falls back silently.
 
@@ -34,8 +37,9 @@ runs (in the namespace box, as a second layer):
 - signals: the hook refuses signalling any process but itself.
 
 What the namespace box does not do (see docs/sandbox.md): it shares the host's kernel, so a
-kernel bug is a way out (gVisor or a VM close that); it filters no system calls (no seccomp);
-and memory is bounded per process (RLIMIT_AS), not for the box as a whole (no cgroup).
+kernel bug is a way out (gVisor or a VM close that); its seccomp filter refuses three calls,
+not the kernel's whole surface; and memory is bounded per process (RLIMIT_AS), not for the
+box as a whole (no cgroup).
 """
 
 from __future__ import annotations
@@ -78,8 +82,20 @@ class SandboxLimits:
     max_processes: int = 16
     max_file_mb: int = 8  # any file written, stdout included
     max_open_files: int = 256
+    # The namespace box's /sandbox, a tmpfs: its bytes and its files (folders, main.py and the
+    # folder itself included). The audit-hook box writes to the host's disk without a quota.
+    disk_mb: int = 64
+    max_files: int = 4096
     root: str | None = None  # where the runs' temporary directories go (None: the system's)
     isolation: Isolation = "namespaces"
+
+    def __post_init__(self) -> None:
+        if self.disk_mb < 1 or self.max_files < 2:
+            raise ValueError(
+                f"SandboxLimits: disk_mb={self.disk_mb} and max_files={self.max_files} leave no "
+                "room for main.py in /sandbox; set disk_mb >= 1 and max_files >= 2 (the folder "
+                "and main.py each take a file)"
+            )
 
     def child_limits(self) -> dict:
         cpu_s = self.cpu_s if self.cpu_s is not None else math.ceil(self.wall_s) + 1
@@ -168,17 +184,15 @@ def _run_child(home: str, limits: SandboxLimits, stdout, stderr) -> tuple[int, s
 
 def _box_command(home: str, limits: SandboxLimits) -> list[str]:
     """The launcher's command line: what the box shows, and as whom the code runs."""
-    box_uid = _box_user()
-    if box_uid != os.getuid():  # the folder is the box user's, the only place it may write
-        os.chown(home, box_uid, box_uid)
     binds, symlinks = interpreter_view()
     spec = {
         "child": str(CHILD),
-        "home": home,
+        "home": home,  # where the launcher reads main.py; the box's /sandbox is a tmpfs
+        "disk": {"mb": limits.disk_mb, "files": limits.max_files},
         "binds": binds,
         "symlinks": symlinks,
         "site_packages": [p for p in site.getsitepackages() if os.path.isdir(p)],
-        "box_uid": box_uid,
+        "box_uid": _box_user(),
         "limits": limits.child_limits(),
     }
     return [sys.executable, "-I", "-S", "-B", str(LAUNCHER), json.dumps(spec)]

@@ -302,6 +302,149 @@ def _read(cmdline: Path) -> str:
         return ""
 
 
+# ---- the box's init, its disk and what it shows of the host -----------------------------------
+
+PTRACE_INIT = with_libc("""
+    import errno
+    PTRACE_ATTACH, PTRACE_DETACH = 16, 17
+    attached = libc.ptrace(PTRACE_ATTACH, 1, None, None)
+    print('attach', attached, errno.errorcode.get(ctypes.get_errno()))
+    if attached == 0:
+        os.waitpid(1, 0x40000000)  # __WALL: the stop that attaching causes
+        libc.ptrace(PTRACE_DETACH, 1, None, None)
+    mem = libc.open(b'/proc/1/mem', os.O_RDWR)  # past the hook, which refuses any write
+    print('mem', mem, errno.errorcode.get(ctypes.get_errno()))
+    # One byte to address 4096 of init: EPERM where the kernel refuses the access, EFAULT
+    # where it let the call reach init's (unmapped) page.
+    class iovec(ctypes.Structure):
+        _fields_ = [('base', ctypes.c_void_p), ('len', ctypes.c_size_t)]
+    byte = ctypes.create_string_buffer(1)
+    local, remote = iovec(ctypes.addressof(byte), 1), iovec(4096, 1)
+    libc.process_vm_writev.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong,
+                                       ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    wrote = libc.process_vm_writev(1, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    print('vm_writev', wrote, errno.errorcode.get(ctypes.get_errno()))
+    try:  # its descriptors: the pipe on which it reports how the code ended
+        print('fds', os.listdir('/proc/1/fd'))
+    except OSError as error:
+        print('fds', errno.errorcode[error.errno])
+""")
+
+
+def test_the_code_cannot_attach_to_or_write_into_the_boxs_init():
+    """The box's init (PID 1) runs without the hooks; a tracer of it could write /proc/1/mem and
+    run anything as it (a tester re-executed Python as PID 1 that way, with the host's limits).
+    Attaching, opening its memory for writing, process_vm_writev into it (EPERM: not EFAULT,
+    which would mean the kernel let the call reach init's memory) and its descriptors (its
+    report pipe: a forged exit status) are refused."""
+    out = namespace_box(PTRACE_INIT)
+    refused = ["attach -1 EPERM", "mem -1 EACCES", "vm_writev -1 EPERM", "fds EACCES"]
+    assert out.splitlines() == refused
+
+
+def test_the_boxs_init_holds_the_codes_limits_and_filter():
+    """Were init reached all the same, it could not fork, allocate or write past the limits."""
+    out = namespace_box("""
+        def seccomp(pid):
+            return open(f'/proc/{pid}/status').read().split('Seccomp:')[1].split()[0]
+        print(open('/proc/1/limits').read() == open('/proc/self/limits').read())
+        print(seccomp(1), seccomp('self'))
+    """)
+    assert out == "True\n2 2\n"  # SECCOMP_MODE_FILTER in both
+
+
+def test_the_code_cannot_ptrace_its_own_child():
+    """The worker's seccomp filter: no ptrace at all, even of a process it may otherwise touch."""
+    code = with_libc("""
+        import errno, signal
+        child = libc.fork()
+        if child == 0:
+            libc.pause()
+            libc._exit(0)
+        print(libc.ptrace(16, child, None, None), errno.errorcode.get(ctypes.get_errno()))
+        libc.kill(child, signal.SIGKILL)
+    """)
+    assert namespace_box(code) == "-1 EPERM\n"
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64's other system call tables")
+def test_the_filter_refuses_the_32_bit_and_x32_entry_points():
+    """A 64-bit process may still call the kernel's 32-bit table (int 0x80, where ptrace is 26)
+    and x32's numbers; the filter refuses all of those, not only the three names. Shown with
+    getpid, which the kernel (with IA-32 emulation) answers unfiltered."""
+    code = with_libc("""
+        import mmap
+        # mov eax, 20 (getpid in the 32-bit table); int 0x80; ret
+        page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        page.write(bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3]))
+        getpid_32 = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))
+        print(getpid_32(), libc.syscall(0x40000000 | 39), ctypes.get_errno())
+    """)
+    assert namespace_box(code) == "-1 -1 1\n"  # -EPERM from int 0x80; EPERM for x32's getpid
+
+
+FILL_THE_DISK = """
+    import errno, os
+    def made_until_full(write_one, most):
+        for made in range(most):
+            try:
+                write_one(made)
+            except OSError as error:
+                return made, errno.errorcode[error.errno]
+        return most, None
+    def small(n):
+        open(f'small-{n}', 'w').close()
+    def big(n):
+        with open(f'big-{n}', 'wb') as file:
+            file.write(bytes(4 << 20))
+    print(*made_until_full(small, 5000))
+    for name in os.listdir():
+        if name.startswith('small-'):
+            os.remove(name)
+    print(*made_until_full(big, 100))
+"""
+
+
+@pytest.mark.parametrize(
+    "limits, files_made, bigs_made",
+    [
+        # The defaults: 4,096 inodes (the folder and main.py hold two), 64 MiB (16 files of
+        # 4 MiB, of which main.py's page takes part of the last one).
+        ({}, 4094, 15),
+        ({"max_files": 10, "disk_mb": 9}, 8, 2),
+    ],
+)
+def test_the_boxs_disk_holds_so_many_files_and_bytes(limits, files_made, bigs_made):
+    """Before the quota one run wrote 2 GiB to the host's temporary disk in 1.9 s."""
+    out = namespace_box(FILL_THE_DISK, wall_s=60, **limits)
+    assert out.splitlines() == [f"{files_made} ENOSPC", f"{bigs_made} ENOSPC"]
+
+
+def test_the_box_shows_no_host_path_but_the_interpreters(tmp_path):
+    """/proc/self/mountinfo names each mount's root in its filesystem and its mount point;
+    /proc/mounts the mount points. The only host paths these may name are the interpreter's
+    folders (which the box shows at their own paths): not the run's folder, not the home."""
+    code = "print(open('/proc/self/mountinfo').read())\nprint(open('/proc/mounts').read())"
+    run = run_python(code, SandboxLimits(root=str(tmp_path)))
+    assert run.error is None, run
+    mountinfo, mounts = run.stdout.split("\n\n", 1)
+    binds, _ = interpreter_view()
+    devices = [f"/dev/{device}" for device in ("null", "zero", "full", "random", "urandom")]
+    shown = {"/", "/sandbox", "/proc", *devices, *binds, *binds.values()}
+    roots = {device.removeprefix("/dev") for device in devices}
+    for line in mountinfo.splitlines():
+        root, mount_point = line.split()[3:5]
+        assert root in shown | roots and mount_point in shown, line
+    for line in mounts.strip().splitlines():
+        assert line.split()[1] in shown, line
+    # The home may show only as the start of an interpreter's folder (a Python under /root).
+    outside_the_interpreter = run.stdout
+    for folder in sorted({*binds, *binds.values()}, key=len, reverse=True):
+        outside_the_interpreter = outside_the_interpreter.replace(folder, "")
+    assert str(tmp_path) not in outside_the_interpreter
+    assert str(Path.home()) not in outside_the_interpreter
+
+
 # ---- the kernel refusing namespaces ----------------------------------------------------------
 
 
