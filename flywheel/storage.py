@@ -32,6 +32,7 @@ from flywheel.records import FileDigest, Manifest
 MANIFEST = "_MANIFEST.json"
 FAILED = "_FAILED.json"  # why the stage's last attempt failed; see flywheel.stage
 BOOKKEEPING = (MANIFEST, FAILED)  # files of a stage folder that are not its output
+VARIANTS = ".variants"  # results of a stage's other keys, parked by key (ArtifactStore.park)
 CHUNK = 1 << 20
 Record = TypeVar("Record", bound=BaseModel)
 
@@ -216,15 +217,18 @@ class ArtifactStore:
     ) -> Manifest | None:
         """The finished stage's manifest, or None if the stage has to be (re)done.
 
-        With `inputs` (and the stage's `code`), a manifest published for another key (a changed
-        setting, input or code) is removed and None returned, so the stage is redone rather than
-        silently reused; so is one whose files no longer match it (the message names the
-        file)."""
+        With `inputs` (and the stage's `code`), a result published for another key (a changed
+        setting, input or code) is parked under its key (`park`), never removed, and the result
+        kept for this key, if one is parked, is moved back and served (`restore`). One whose
+        files no longer match its manifest is redone (the message names the file)."""
         found = self.read_manifest(stage_url)
-        if found is None or inputs is None:
+        if inputs is None:
             return found
-        if found.inputs_digest != self.stage_key(inputs, code)[0]:
-            self.remove(f"{stage_url}/{MANIFEST}")
+        wanted = self.stage_key(inputs, code)[0]
+        if found is not None and found.inputs_digest != wanted:
+            self.park(found)
+            found = None
+        if found is None and (found := self.restore(stage_url, wanted)) is None:
             return None
         if problems := self.check_files(found):
             print(f"stage {found.stage} ({stage_url}) is redone: " + "; ".join(problems))
@@ -232,6 +236,79 @@ class ArtifactStore:
             return None
         found._served_from_store = True
         return found
+
+    # Variants: a stage's results for other keys, parked under the key ----------------------
+    #
+    # A stage's folder holds the result of the key the run last asked for, where downstream
+    # manifests and trajectories name its files. A result for another key is moved to
+    # `<store>/.variants/<stage path>/<key>/` with its manifest, and moved back when its key is
+    # asked for again: a retried old flow run, a setting switched back, or a sweep under one run
+    # name never removes what another key published. Moves go files first and manifest last,
+    # so a move cut short is finished by the next one. Only `flywheel gc` deletes variants.
+
+    def variant_url(self, stage_url: str, key: str = "") -> str | None:
+        """Where the stage at `stage_url` parks its result for `key` (its variants' folder
+        without one); None for a stage outside the store's root."""
+        if not stage_url.startswith(self.root + "/"):
+            return None
+        folder = f"{self.root}/{VARIANTS}/{stage_url[len(self.root) + 1 :].rstrip('/')}"
+        return f"{folder}/{key}" if key else folder
+
+    def park(self, manifest: Manifest) -> str | None:
+        """Move a published stage's own files (not those of stages nested in its folder) and
+        then its manifest to its variant folder; returns that folder's URL."""
+        target = self.variant_url(manifest.url, manifest.inputs_digest)
+        if target is None:  # outside the store: as before, the stale result is redone
+            self.remove(f"{manifest.url}/{MANIFEST}")
+            return None
+        for url in self.own_files(manifest.url):
+            if not url.endswith("/" + MANIFEST):
+                self.move(url, target + url[len(manifest.url) :])
+        self.move(f"{manifest.url}/{MANIFEST}", f"{target}/{MANIFEST}")
+        print(f"stage {manifest.stage} ({manifest.url}): its result for key "
+              f"{manifest.inputs_digest[:12]} is kept at {target}")  # fmt: skip
+        return target
+
+    def restore(self, stage_url: str, key: str) -> Manifest | None:
+        """The result parked for `key`, moved back into the stage's folder (None if none is).
+        What an unfinished attempt left there goes first, but its keyed checkpoints, and files
+        a restore cut short already moved back."""
+        source = self.variant_url(stage_url, key)
+        if source is None or (parked := self.read_manifest(source)) is None:
+            return None
+        stage_url = stage_url.rstrip("/")
+        restoring = {parked.absolute(name) for name in parked.checksums}
+        for url in self.own_files(stage_url):
+            part = url[len(stage_url) + 1 :].split("/", 1)[0]
+            if part not in ("checkpoint", FAILED) and url not in restoring:
+                self.remove(url)
+        for url in self.list_files(source):
+            if not url.endswith("/" + MANIFEST):
+                self.move(url, stage_url + url[len(source) :])
+        self.move(f"{source}/{MANIFEST}", f"{stage_url}/{MANIFEST}")
+        print(f"stage {parked.stage} ({stage_url}): served from its kept result for key {key[:12]}")
+        return self.read_manifest(stage_url)
+
+    def variants(self, stage_url: str) -> dict[str, Manifest]:
+        """Key -> manifest of every result parked for the stage at `stage_url`."""
+        folder = self.variant_url(stage_url)
+        if folder is None or not self.exists(folder):
+            return {}
+        keys = {self._path(p).rsplit("/", 1)[-1] for p in self.fs.ls(self._path(folder))}
+        found = {k: self.read_manifest(f"{folder}/{k}") for k in sorted(keys)}
+        return {k: m for k, m in found.items() if m is not None}
+
+    def own_files(self, stage_url: str) -> list[str]:
+        """Files under a stage's folder, but those of stages published in folders below it."""
+        url = stage_url.rstrip("/")
+        files = self.list_files(url)
+        nested = {f.rsplit("/", 1)[0] for f in files if f.endswith("/" + MANIFEST)} - {url}
+        return [f for f in files if not any(f.startswith(folder + "/") for folder in nested)]
+
+    def move(self, source: str, target: str) -> None:
+        """Move one file (a rename on a local disk; copy, then delete, on object stores)."""
+        self.fs.makedirs(self._path(target).rsplit("/", 1)[0], exist_ok=True)
+        self.fs.mv(self._path(source), self._path(target))
 
     def read_manifest(self, stage_url: str) -> Manifest | None:
         """The manifest at `stage_url`, unchecked; an unreadable one counts as absent."""
@@ -325,14 +402,8 @@ class ArtifactStore:
         """A digest of what `url` (a file or folder) holds: from its stage's manifest when one
         covers it, else by reading it."""
         owner = self.covering_manifest(url)
-        if owner is not None:
-            entries = {}
-            for name, digest in owner.checksums.items():
-                full = owner.absolute(name)
-                if full == url or full.startswith(url + "/"):
-                    entries[full[len(url) :]] = digest.sha256
-            if entries:
-                return digest_of_entries(entries)
+        if owner is not None and (digest := manifest_digest(owner, url)) is not None:
+            return digest
         files = self.list_files(url)
         if not files:
             return "absent"
@@ -419,6 +490,17 @@ class ArtifactStore:
         finally:
             part.unlink(missing_ok=True)
         return target, digest
+
+
+def manifest_digest(owner: Manifest, url: str) -> str | None:
+    """The content digest of `url` (a file or folder of `owner`'s stage) from `owner`'s
+    checksums, as `ArtifactStore.content_digest` computes it; None where no file matches."""
+    entries = {}
+    for name, digest in owner.checksums.items():
+        full = owner.absolute(name)
+        if full == url or full.startswith(url + "/"):
+            entries[full[len(url) :]] = digest.sha256
+    return digest_of_entries(entries) if entries else None
 
 
 def key_of(resolved: dict, upstream: dict[str, str], code: StageCode | None) -> str:

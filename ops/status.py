@@ -56,6 +56,17 @@ class ReadOnlyStore(ArtifactStore):
     def upload_dir(self, local_dir, url: str) -> str:
         raise PermissionError(f"flywheel status does not write to the store ({url})")
 
+    def move(self, source: str, target: str) -> None:
+        raise PermissionError(f"flywheel status does not write to the store ({source})")
+
+    # A stage a run would serve from its kept result reads, for the plan, as if moved back:
+    # what reads it downstream is keyed on that result's content, as the run would key it.
+    served_from_variants: dict[str, Manifest]
+
+    def read_manifest(self, stage_url: str) -> Manifest | None:
+        kept = getattr(self, "served_from_variants", {}).get(stage_url.rstrip("/"))
+        return kept if kept is not None else super().read_manifest(stage_url)
+
 
 class NotFinished(Exception):
     """The plan reached a stage with no manifest: what follows reads its output."""
@@ -158,25 +169,41 @@ class Planner:
 
     def __call__(self, name: str, keyed: dict, code: StageCode, out: StageOutput) -> Manifest:
         found = self.store.read_manifest(out.url)
+        resolved, upstream = self.store.resolve_inputs(keyed)
+        remade = remade_upstream(upstream, self.statuses)
+        wanted = key_of(resolved, upstream, code)
+        stale = found is None or found.inputs_digest != wanted
+        if stale and not remade and (kept := self.store.variants(out.url).get(wanted)):
+            return self.served_from_variant(name, out.url, kept)
         if found is None:
             self.statuses[out.url] = StageStatus(
                 url=out.url, stage=name, state="never run",
                 reasons=failure_note(self.store, out.url),
             )  # fmt: skip
             raise NotFinished(out.url)
-        resolved, upstream = self.store.resolve_inputs(keyed)
-        remade = remade_upstream(upstream, self.statuses)
         reasons = upstream_changes(found, upstream, remade)
         if found.key_inputs:
             reasons = setting_changes(found.key_inputs, resolved) + reasons
         reasons += code_changes(found, code.modules, code.libraries)
-        if key_of(resolved, upstream, code) == found.inputs_digest and not remade:
+        if wanted == found.inputs_digest and not remade:
             state, reasons = "cached", []
         else:
             state = "would re-run"
             reasons = reasons or ["its key differs (a manifest that recorded no settings)"]
         self.statuses[out.url] = StageStatus(url=out.url, stage=name, state=state, reasons=reasons)
         return found
+
+    def served_from_variant(self, name: str, url: str, kept: Manifest) -> Manifest:
+        """A stage whose result for this key is parked: the run moves it back and serves it."""
+        if isinstance(self.store, ReadOnlyStore):
+            self.store.served_from_variants = {
+                **getattr(self.store, "served_from_variants", {}),
+                url.rstrip("/"): kept,
+            }
+        when = kept.published_at or "date unknown"
+        note = f"served from its kept result (published {when}, key {kept.inputs_digest[:12]})"
+        self.statuses[url] = StageStatus(url=url, stage=name, state="cached", reasons=[note])
+        return kept
 
 
 def remade_upstream(upstream, statuses: dict[str, StageStatus]) -> dict[str, str]:

@@ -51,8 +51,10 @@ def test_a_stage_published_for_other_inputs_is_redone_not_reused(tmp_path):
     assert store.manifest(stage, old) is not None
     changed = {**old, "settings": Message(role="user", content="epochs=3")}
     assert store.manifest(stage, changed) is None
-    # The stale manifest is gone: a crash while redoing the stage cannot revive it.
-    assert store.manifest(stage, old) is None
+    # The stale result left the stage's folder (a crash while redoing the stage cannot revive
+    # it as the new key's) and is kept under its own key.
+    assert store.read_manifest(stage) is None
+    assert set(store.variants(stage)) == {store.stage_key(old)[0]}
 
 
 def test_a_stage_is_served_from_its_manifest_as_cached_until_its_folder_is_deleted(tmp_path):
