@@ -22,6 +22,7 @@ from tasks.sft import SFTInputs
 from training.checkpoint import (
     CheckpointClock,
     CheckpointPlan,
+    DamagedCheckpoint,
     UnstorableState,
     checkpoint_plan,
     decode_state,
@@ -30,6 +31,7 @@ from training.checkpoint import (
     latest_checkpoint,
     mirroring_callback,
     publish_checkpoint,
+    pull_checkpoint,
     pull_trainer_checkpoint,
     remove_checkpoints,
     restore_trainer_files,
@@ -145,6 +147,80 @@ def test_a_changed_checkpoint_file_is_refused_on_download(tmp_path):
     with pytest.raises(ValueError, match="does not match its checkpoint record"):
         download_checkpoint(mine, found_url, record, tmp_path / "pulled")
     assert not (tmp_path / "pulled").exists()
+
+
+def flip_a_byte(store: ArtifactStore, url: str) -> None:
+    data = bytearray(store.fs.cat_file(store._path(url)))
+    data[len(data) // 2] ^= 0x01
+    store.write_bytes(url, bytes(data))
+
+
+def set_aside_folders(store: ArtifactStore, plan: CheckpointPlan) -> list[str]:
+    return sorted({u.rsplit("/", 2)[-2] for u in store.list_files(plan.url) if ".damaged-" in u})
+
+
+def test_a_damaged_checkpoint_is_set_aside_and_the_one_before_it_resumed(tmp_path, capsys):
+    mine = plan(tmp_path, "key-a")
+    store = ArtifactStore(mine.store_url)
+    older = publish_checkpoint(mine, files(tmp_path, "two"), step=2)
+    kept = f"{tmp_path}/kept-step-2"  # publishing step 4 removes step 2: keep a copy
+    store.fs.copy(store._path(older), kept, recursive=True)
+    newest = publish_checkpoint(mine, files(tmp_path, "four"), step=4)
+    store.fs.copy(kept, store._path(older), recursive=True)
+    flip_a_byte(store, f"{newest}/weights.txt")
+
+    url, record, local = pull_checkpoint(mine, tmp_path / "pulled")
+    assert (url, record["step"], (local / "weights.txt").read_text()) == (older, 2, "two")
+    [moved] = set_aside_folders(store, mine)
+    assert moved.startswith("step-00000004.damaged-")
+    lines = [line for line in capsys.readouterr().out.splitlines() if "damaged" in line]
+    assert lines == [
+        f"checkpoint {newest} is damaged ({newest}/weights.txt does not match its checkpoint "
+        f"record): moved aside to {mine.url}/{moved}, not resumed; resuming from checkpoint "
+        f"{older} (step 2) instead"
+    ]
+    # Kept, never resumed, never removed by the checkpoints that follow or the stage's end.
+    assert store.exists(f"{mine.url}/{moved}/weights.txt")
+    assert latest_checkpoint(mine)[0] == older
+    publish_checkpoint(mine, files(tmp_path, "six"), step=6)
+    assert latest_checkpoint(mine)[1]["step"] == 6
+    remove_checkpoints(store, mine.url.rsplit("/", 1)[0])
+    assert latest_checkpoint(mine) is None
+    assert set_aside_folders(store, mine) == [moved]
+
+
+def test_a_damaged_only_checkpoint_starts_the_stage_at_step_0_and_the_re_run_too(tmp_path, capsys):
+    mine = plan(tmp_path, "key-a")
+    store = ArtifactStore(mine.store_url)
+    url = publish_checkpoint(mine, files(tmp_path, "four"), step=4)
+    flip_a_byte(store, f"{url}/weights.txt")
+    assert pull_trainer_checkpoint(mine, tmp_path / "work") is None
+    out = capsys.readouterr().out
+    assert f"checkpoint {url} is damaged" in out and out.rstrip().endswith(
+        "resuming from step 0 instead"
+    )
+    assert pull_trainer_checkpoint(mine, tmp_path / "work") is None  # no longer in the way
+    assert capsys.readouterr().out == ""
+    assert len(set_aside_folders(store, mine)) == 1
+
+
+def test_a_checkpoint_whose_record_does_not_parse_is_set_aside(tmp_path, capsys):
+    mine = plan(tmp_path, "key-a")
+    store = ArtifactStore(mine.store_url)
+    url = publish_checkpoint(mine, files(tmp_path, "four"), step=4)
+    store.write_text(f"{url}/_CHECKPOINT.json", '{"key": "key-a", "st')
+    assert latest_checkpoint(mine) is None
+    assert "_CHECKPOINT.json does not parse" in capsys.readouterr().out
+    assert len(set_aside_folders(store, mine)) == 1
+
+
+def test_a_checkpoint_missing_a_file_is_damaged(tmp_path):
+    mine = plan(tmp_path, "key-a")
+    store = ArtifactStore(mine.store_url)
+    url = publish_checkpoint(mine, files(tmp_path, "four"), step=4)
+    store.remove(f"{url}/weights.txt")
+    with pytest.raises(DamagedCheckpoint, match="weights.txt is missing"):
+        download_checkpoint(mine, url, latest_checkpoint(mine)[1], tmp_path / "pulled")
 
 
 def test_trainer_pickles_are_stored_as_safetensors_and_json_and_restored(tmp_path):
@@ -316,6 +392,18 @@ def test_rl_checkpoints_when_the_interval_has_passed(monkeypatch):
         progress.maybe_checkpoint(None, None, None, None)
     # step 4 by steps (its clock reset), step 6 by time, step 8 by steps
     assert saved_at == [4, 6, 8] and progress.checkpoints_saved == 3
+
+
+def test_a_resumed_rl_stage_trains_the_batches_it_had_not_trained_yet():
+    from training import rl
+
+    settings = RLSettings(epochs=2, batch_size=2)
+    # The killed run and the resumed one (a new process) each work the schedule out from the seed.
+    killed = rl.optimizer_schedule(settings, 7, processes=1, seed=5)
+    resumed = rl.optimizer_schedule(settings, 7, processes=1, seed=5)
+    done = 4  # optimizer steps in the checkpoint: the first epoch and one batch of the second
+    assert killed[:done] + rl.batches_left(resumed, done) == killed
+    assert rl.batches_left(resumed, 0) == killed and rl.batches_left(resumed, len(killed)) == []
 
 
 def test_an_rl_steps_numbers_are_trls_names_over_the_steps_rows():

@@ -230,3 +230,38 @@ def test_keying_a_stage_again_reads_its_files_but_parses_only_what_changed(tmp_p
     for _ in range(3):
         assert stage_code(roots) == first
     assert parsed == []  # unchanged files are read again, not parsed again (no timing: noisy)
+
+
+def test_a_stages_key_follows_the_trainer_it_launches_and_only_its_code(project, monkeypatch):
+    """Through the `@stage` decorator (its `launches`) to the key the store publishes under: the
+    SFT stage never imports training/sft.py, which it runs as a process of its own."""
+    import flywheel.stage
+    from flywheel.settings import SFTSettings
+    from flywheel.stage import StageOutput, planning
+    from flywheel.storage import ArtifactStore
+    from tasks.sft import SFTInputs, sft_stage
+
+    root, _ = project
+    monkeypatch.setattr(flywheel.stage, "stage_code", lambda roots: stage_code(roots, root))
+    store = ArtifactStore(str(root / "store"))
+    out = StageOutput(store_url=store.root, url=store.url("run", "sft"))
+    inputs = SFTInputs(model_url="m", data_url="d", settings=SFTSettings(), seed=0)
+
+    def key() -> str:
+        keys = []
+        with planning(lambda name, keyed, code, out: keys.append(store.stage_key(keyed, code)[0])):
+            sft_stage.fn(inputs, out)
+        return keys[0]
+
+    before = key()
+    trainer = root / "training" / "sft.py"
+    doc = ast.get_docstring(ast.parse(trainer.read_text()), clean=False)
+    edit(trainer, doc, doc + " (edited)")
+    trainer.write_text(commented(trainer.read_text()))
+    assert key() == before  # a docstring and comments
+    with open(root / "training" / "dpo.py", "a") as f:
+        f.write("\nDEFAULT_WARMUP = 0.1\n")
+    assert key() == before  # another stage's trainer
+    with open(trainer, "a") as f:
+        f.write("\nDEFAULT_WARMUP = 0.1\n")
+    assert key() != before

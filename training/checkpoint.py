@@ -5,8 +5,11 @@ too.
 A checkpoint is published like a stage: its files first, `_CHECKPOINT.json` last (the stage's
 cache key, the step, and the size and sha256 of every file). A folder without that record is a
 checkpoint cut short and never counts; one whose key is not the running stage's (other inputs,
-settings or code) is removed, never resumed. After a new checkpoint is published the older ones
-go, and the stage removes the last one when it publishes its model (`remove_checkpoints`).
+settings or code) is removed, never resumed. One whose files or record do not match (a flipped
+byte) is moved aside, `step-<n>.damaged-<utc>`, never resumed nor deleted, and the stage resumes
+from the next older one or step 0 (`pull_checkpoint`). After a new checkpoint is published the
+older ones go, and the stage removes the last one when it publishes its model
+(`remove_checkpoints`).
 
 Nothing in the store is a pickle. Torch-pickled state (the Trainer's `optimizer.pt`,
 `scheduler.pt`, `rng_state.pth`) is stored as `<name>.state.safetensors` (its tensors) and
@@ -18,10 +21,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +38,9 @@ from flywheel.storage import ArtifactStore, hash_local_file
 
 COMPLETE = "_CHECKPOINT.json"  # written last: a step folder without it is incomplete
 STEP_PREFIX = "step-"
+# A step folder; not a damaged one set aside, `step-<n>.damaged-<utc>`.
+STEP_FOLDER = re.compile(r"step-\d+")
+DAMAGED = ".damaged-"
 PICKLED = (".pt", ".pth", ".bin")  # torch.save files a Trainer writes
 STATE_SUFFIX = ".state"  # `optimizer.pt` is stored as optimizer.pt.state.{safetensors,json}
 NOT_STORED = ("training_args.bin",)  # the Trainer's pickled arguments: not needed to resume
@@ -207,16 +215,25 @@ def step_folders(store: ArtifactStore, url: str) -> list[str]:
     if not store.exists(url):
         return []
     names = {u[len(url) + 1 :].split("/", 1)[0] for u in store.list_files(url)}
-    return sorted(f"{url}/{n}" for n in names if n.startswith(STEP_PREFIX))
+    return sorted(f"{url}/{n}" for n in names if STEP_FOLDER.fullmatch(n))
+
+
+class DamagedCheckpoint(ValueError):
+    """A checkpoint whose record does not parse, or whose files do not match their record."""
 
 
 def latest_checkpoint(plan: CheckpointPlan) -> tuple[str, dict] | None:
     """The newest complete checkpoint written for `plan.key` (its URL and record). Checkpoints
-    cut short or written for another key are removed on the way, and said so."""
+    cut short or written for another key are removed on the way, and said so; one whose record
+    is damaged is moved aside (`set_aside`)."""
     store = ArtifactStore(plan.store_url)
-    found = []
+    found, damaged = [], []
     for folder in step_folders(store, plan.url):
-        record = read_record(store, folder)
+        try:
+            record = read_record(store, folder)
+        except DamagedCheckpoint as error:
+            damaged.append((folder, error, set_aside(store, folder)))
+            continue
         if record is None:
             print(f"checkpoint {folder} is incomplete (no {COMPLETE}): removed")
         elif record["key"] != plan.key:
@@ -228,22 +245,59 @@ def latest_checkpoint(plan: CheckpointPlan) -> tuple[str, dict] | None:
             found.append((record["step"], folder, record))
             continue
         remove_folder(store, folder)
-    if not found:
-        return None
-    _, folder, record = max(found)
-    return folder, record
+    newest = max(found)[1:] if found else None
+    for folder, error, moved in damaged:
+        print(damaged_line(folder, error, moved, newest))
+    return newest
 
 
 def read_record(store: ArtifactStore, folder: str) -> dict | None:
+    """The checkpoint's record; None when it has none (cut short)."""
     url = f"{folder}/{COMPLETE}"
     if not store.exists(url):
         return None
     try:
         with store.fs.open(store._path(url)) as f:
             record = json.loads(f.read())
-        return record if {"key", "step", "files"} <= set(record) else None
-    except ValueError:
-        return None
+    except ValueError as error:
+        raise DamagedCheckpoint(f"its {COMPLETE} does not parse: {error}") from None
+    if not isinstance(record, dict) or not {"key", "step", "files"} <= set(record):
+        raise DamagedCheckpoint(f"its {COMPLETE} lacks key, step or files")
+    return record
+
+
+def set_aside(store: ArtifactStore, folder: str) -> str:
+    """Move a damaged checkpoint to `<folder>.damaged-<utc>`, where no stage resumes from it and
+    nothing removes it: what damaged it may want looking into."""
+    moved = f"{folder}{DAMAGED}{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}"
+    store.fs.mv(store._path(folder), store._path(moved), recursive=True)
+    return moved
+
+
+def damaged_line(folder: str, error: Exception, moved: str, instead: tuple | None) -> str:
+    """The one line a damaged checkpoint gets: which, why, where it went, what is resumed."""
+    resumed = f"checkpoint {instead[0]} (step {instead[1]['step']})" if instead else "step 0"
+    return (
+        f"checkpoint {folder} is damaged ({error}): moved aside to {moved}, not resumed; "
+        f"resuming from {resumed} instead"
+    )
+
+
+def pull_checkpoint(plan: CheckpointPlan, target: Path) -> tuple[str, dict, Path] | None:
+    """The newest checkpoint for `plan.key` whose files match its record, pulled into `target`
+    (its URL, record and local folder); None to start from step 0. A damaged one is moved aside
+    and the next older one tried."""
+    store = ArtifactStore(plan.store_url)
+    found = latest_checkpoint(plan)
+    while found is not None:
+        folder, record = found
+        try:
+            return folder, record, download_checkpoint(plan, folder, record, target)
+        except DamagedCheckpoint as error:
+            moved = set_aside(store, folder)
+            found = latest_checkpoint(plan)
+            print(damaged_line(folder, error, moved, found))
+    return None
 
 
 def download_checkpoint(plan: CheckpointPlan, folder_url: str, record: dict, target: Path) -> Path:
@@ -256,10 +310,13 @@ def download_checkpoint(plan: CheckpointPlan, folder_url: str, record: dict, tar
         for name, expected in record["files"].items():
             local = part / name
             local.parent.mkdir(parents=True, exist_ok=True)
-            store.fs.get_file(store._path(f"{folder_url}/{name}"), str(local))
+            try:
+                store.fs.get_file(store._path(f"{folder_url}/{name}"), str(local))
+            except FileNotFoundError:
+                raise DamagedCheckpoint(f"{folder_url}/{name} is missing") from None
             found = hash_local_file(str(local))
             if (found.size, found.sha256) != (expected["size"], expected["sha256"]):
-                raise ValueError(f"{folder_url}/{name} does not match its checkpoint record")
+                raise DamagedCheckpoint(f"{folder_url}/{name} does not match its checkpoint record")
         shutil.rmtree(target, ignore_errors=True)
         os.replace(part, target)
     finally:
@@ -268,8 +325,13 @@ def download_checkpoint(plan: CheckpointPlan, folder_url: str, record: dict, tar
 
 
 def remove_checkpoints(store: ArtifactStore, stage_url: str) -> None:
-    """A stage's checkpoints, removed once its model is in the store (before it publishes)."""
-    remove_folder(store, f"{stage_url}/checkpoint")
+    """A stage's checkpoints, removed once its model is in the store (before it publishes); the
+    damaged ones set aside stay (`set_aside`)."""
+    url = f"{stage_url}/checkpoint"
+    for folder in step_folders(store, url):
+        remove_folder(store, folder)
+    if store.exists(url) and not store.list_files(url):
+        remove_folder(store, url)
 
 
 # The Trainer's checkpoint folders (SFT, DPO) ------------------------------------------------
@@ -314,13 +376,13 @@ def pull_trainer_checkpoint(plan: CheckpointPlan | None, work_dir: Path) -> str 
     from the store; None to start from step 0."""
     if plan is None:
         return None
-    found = latest_checkpoint(plan)
+    found = pull_checkpoint(plan, Path(work_dir) / "checkpoint-pulled")
     if found is None:
         return None
-    folder_url, record = found
-    local = download_checkpoint(
-        plan, folder_url, record, Path(work_dir) / f"checkpoint-{record['step']}"
-    )
+    folder_url, record, pulled = found
+    local = Path(work_dir) / f"checkpoint-{record['step']}"  # the Trainer's own name for it
+    shutil.rmtree(local, ignore_errors=True)
+    pulled.rename(local)
     restore_trainer_files(local)
     print(f"resuming from checkpoint {folder_url} (optimizer step {record['step']})")
     return str(local)

@@ -72,9 +72,9 @@ from training.checkpoint import (
     CheckpointClock,
     CheckpointPlan,
     download_checkpoint,
-    latest_checkpoint,
     load_state,
     publish_checkpoint,
+    pull_checkpoint,
     save_state,
 )
 from training.datasets import rl_rows, token_counts
@@ -386,7 +386,7 @@ def optimise(policy, optimizer, accelerator, settings, rows, advantages, returns
     )  # fmt: skip
     lengths = [len(t) for t in rows.input_ids]
     budget = forward_tokens(settings, accelerator.device)
-    for batch in schedule[progress.step :]:
+    for batch in batches_left(schedule, progress.step):
         started, before = time.perf_counter(), replace(sums)
         weights = sequence_weights(rows.mask[batch], settings.aggregation)
         share = list(range(rank, len(batch), processes))  # positions in the batch
@@ -430,6 +430,12 @@ def optimizer_schedule(settings, count: int, processes: int, seed: int) -> list[
         for epoch in range(settings.epochs)
         for batch in optimizer_batches(count, settings.batch_size, processes, seed + epoch)
     ]
+
+
+def batches_left(schedule: list[list[int]], step: int) -> list[list[int]]:
+    """The optimizer steps of `schedule` not trained yet when `step` steps are done (0, or where
+    a checkpoint left off): a resumed run trains each batch once, in the uninterrupted order."""
+    return schedule[step:]
 
 
 def step_metrics(rows: Rows, advantages, batch, sums: Sums, grad_norm, lr, started) -> dict:
@@ -532,14 +538,18 @@ def resume(progress: Progress, policy, optimizer, rows: Rows, accelerator) -> No
     optimizer, sums, RNG, first-visit and starting log-probabilities, step."""
     if progress.plan is None:
         return
-    found = [latest_checkpoint(progress.plan) if accelerator.is_main_process else None]
-    if accelerator.num_processes > 1:
-        broadcast_object_list(found)
-    if found[0] is None:
-        return
-    url, record = found[0]
     with tempfile.TemporaryDirectory(prefix="flywheel-rl-resume-") as folder:
-        local = download_checkpoint(progress.plan, url, record, Path(folder) / "checkpoint")
+        local = Path(folder) / "checkpoint"
+        # The main process picks the checkpoint (setting damaged ones aside); the others pull it.
+        pulled = pull_checkpoint(progress.plan, local) if accelerator.is_main_process else None
+        found = [pulled[:2] if pulled else None]
+        if accelerator.num_processes > 1:
+            broadcast_object_list(found)
+        if found[0] is None:
+            return
+        url, record = found[0]
+        if not pulled:
+            download_checkpoint(progress.plan, url, record, local)
         state = load_state(local, "state")
         weights = load_file(str(local / POLICY_FILE))
     unexpected = accelerator.unwrap_model(policy).load_state_dict(weights, strict=False)[1]
