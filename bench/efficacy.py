@@ -55,7 +55,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import re
 import shlex
 import subprocess
@@ -64,7 +63,12 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from flywheel.confidence import paired_comparison, paired_ratio_bootstrap, wilson_interval
+from flywheel.confidence import (
+    paired_comparison,
+    paired_ratio_bootstrap,
+    seed_task_bootstrap,
+    wilson_interval,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -404,14 +408,7 @@ def bootstrap_interval(table: list[dict[str, bool]], resamples: int, seed: int =
             "runs made before the test tasks stopped depending on the run's seed "
             "(ops.driver.HELD_OUT_SEED); run their evaluations again with this code"
         )
-    rng = random.Random(seed)
-    means = []
-    for _ in range(resamples):
-        seeds = [rng.choice(table) for _ in table]
-        picked = [rng.choice(tasks) for _ in tasks]
-        means.append(sum(row[t] for row in seeds for t in picked) / (len(seeds) * len(picked)))
-    means.sort()
-    return means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+    return seed_task_bootstrap(table, resamples, seed)
 
 
 def round_number(name: str) -> int | None:

@@ -1,30 +1,29 @@
 """How sure a success rate is: the Wilson score interval, which stays inside [0, 1] and is
 honest for the small n and the rates near 0 that agent evaluations have (4 of 26 solved reads
 15.4% [6.2%, 33.5%]); and paired comparisons of two stages evaluated on the same tasks (the exact
-McNemar test, a paired bootstrap interval of the difference, the tasks a difference needs)."""
+McNemar test, a paired bootstrap interval of the difference, the tasks a difference needs).
+scipy computes the interval and the test; tests/test_confidence.py holds them to hand-computed
+values."""
 
 from __future__ import annotations
 
 import math
 import random
 import statistics
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
-Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
+from scipy.stats import binomtest
 
 
-def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
-    """The (low, high) 95% interval of a rate of `successes` in `n` trials; (0, 1) when n = 0."""
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The (low, high) interval of a rate of `successes` in `n` trials; (0, 1) when n = 0."""
     if n == 0:
         return 0.0, 1.0
     if not 0 <= successes <= n:
         raise ValueError(f"{successes} successes in {n} trials")
-    rate = successes / n
-    spread = z * z / n
-    centre = (rate + spread / 2) / (1 + spread)
-    half = z * math.sqrt(rate * (1 - rate) / n + spread / (4 * n)) / (1 + spread)
-    low = 0.0 if successes == 0 else max(0.0, centre - half)  # exact ends, no rounding dust
-    high = 1.0 if successes == n else min(1.0, centre + half)
-    return low, high
+    interval = binomtest(successes, n).proportion_ci(confidence, method="wilson")
+    return float(interval.low), float(interval.high)
 
 
 # Paired comparisons. Every stage of a run is evaluated on the same tasks, so two stages are
@@ -35,13 +34,13 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
 
 def mcnemar_exact(gained: int, lost: int) -> float:
     """Two-sided exact McNemar p-value: under "no difference" each of the `gained + lost`
-    discordant tasks is a fair coin, so the p-value is twice the binomial tail of the smaller
-    count (capped at 1). 7 gained, 1 lost: 2 * (1 + 8) / 2^8 = 0.0703125."""
+    discordant tasks is a fair coin, so it is the binomial test of `gained` heads in that many
+    tosses. 7 gained, 1 lost: 2 * (1 + 8) / 2^8 = 0.0703125."""
     if gained < 0 or lost < 0:
         raise ValueError(f"negative counts: {gained} gained, {lost} lost")
-    n = gained + lost
-    tail = sum(math.comb(n, k) for k in range(min(gained, lost) + 1))
-    return min(1.0, 2 * tail / 2**n)
+    if gained + lost == 0:
+        return 1.0  # no discordant task: no evidence (scipy refuses zero trials)
+    return float(binomtest(gained, gained + lost, 0.5).pvalue)
 
 
 def gained_and_lost(before: dict[str, bool], after: dict[str, bool]) -> tuple[int, int]:
@@ -74,23 +73,49 @@ def paired_bootstrap_over_seeds(
     resamples: int = 2000,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """As `paired_bootstrap`, pooled over runs (seeds) that evaluated the same tasks: each
-    resample draws seeds with replacement and tasks with replacement (the same tasks for every
-    drawn seed: seeds share tasks, so their episodes are not independent draws), and takes the
-    mean of after minus before over the drawn (seed, task) cells."""
+    """As `paired_bootstrap`, pooled over runs (seeds) that evaluated the same tasks: the
+    `seed_task_bootstrap` interval of after minus before, task by task."""
     if not pairs:
         raise ValueError("no runs to compare")
+    tasks = shared_tasks(pairs)
+    differences = [{t: int(a[t]) - int(b[t]) for t in tasks} for b, a in pairs]
+    return seed_task_bootstrap(differences, resamples, seed)
+
+
+def seed_task_bootstrap(
+    rows: list[dict[str, float]], resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """95% percentile interval of the mean of `rows` (one per seed: task -> value, every row on
+    the same tasks) over seeds and tasks, both resampled (`resampled`). The one bootstrap of a
+    success rate (rows of outcomes) and of a paired difference (rows of after minus before)."""
+    tasks = sorted(rows[0])
+    means = [
+        sum(row[t] for row in drawn for t in picked) / (len(drawn) * len(picked))
+        for drawn, picked in resampled(rows, tasks, resamples, seed)
+    ]
+    return _percentiles(means)
+
+
+Row = TypeVar("Row")
+
+
+def resampled(
+    rows: Sequence[Row], tasks: list[str], resamples: int, seed: int
+) -> Iterator[tuple[list[Row], list[str]]]:
+    """Each resample's seeds (`rows` drawn with replacement) and tasks (drawn with replacement,
+    the same for every drawn seed: seeds share tasks, so their episodes are not independent
+    draws). Seeded: the same seed draws the same resamples."""
+    rng = random.Random(seed)
+    for _ in range(resamples):
+        yield [rng.choice(rows) for _ in rows], [rng.choice(tasks) for _ in tasks]
+
+
+def shared_tasks(pairs: list[tuple[dict, dict]]) -> list[str]:
+    """The tasks every (before, after) table of `pairs` read, in order; refused when none."""
     tasks = sorted(set.intersection(*(set(b) & set(a) for b, a in pairs)))
     if not tasks:
         raise ValueError("the two stages share no task")
-    differences = [{t: int(a[t]) - int(b[t]) for t in tasks} for b, a in pairs]
-    rng = random.Random(seed)
-    means = []
-    for _ in range(resamples):
-        runs = [rng.choice(differences) for _ in differences]
-        picked = [rng.choice(tasks) for _ in tasks]
-        means.append(sum(run[t] for run in runs for t in picked) / (len(runs) * len(picked)))
-    return _percentiles(means)
+    return tasks
 
 
 def paired_ratio_bootstrap(
@@ -100,19 +125,13 @@ def paired_ratio_bootstrap(
 ) -> tuple[float, float, float]:
     """95% percentile interval of a ratio of sums, after's minus before's, over (before, after)
     tables of task -> (numerator, denominator) (tool calls, correct answers) of the same tasks,
-    one pair per seed: seeds and tasks resampled as in `paired_bootstrap_over_seeds`. A resample
+    one pair per seed: seeds and tasks resampled as in `seed_task_bootstrap`. A resample
     where either side's denominators sum to 0 has no ratio and is left out; the third value is
     the share of resamples left out (the interval is (nan, nan) when all are)."""
     if not pairs:
         raise ValueError("no runs to compare")
-    tasks = sorted(set.intersection(*(set(b) & set(a) for b, a in pairs)))
-    if not tasks:
-        raise ValueError("the two stages share no task")
-    rng = random.Random(seed)
     differences, undefined = [], 0
-    for _ in range(resamples):
-        runs = [rng.choice(pairs) for _ in pairs]
-        picked = [rng.choice(tasks) for _ in tasks]
+    for runs, picked in resampled(pairs, shared_tasks(pairs), resamples, seed):
         sums = [
             [sum(side[t][i] for side in sides for t in picked) for i in (0, 1)]
             for sides in ([b for b, _ in runs], [a for _, a in runs])

@@ -173,7 +173,7 @@ class FailedStage(BaseModel):
     message: str  # the exception, as a person reads it
     inputs: dict[str, str | list[str]] = Field(default_factory=dict)  # parameter -> URL(s)
     partial_outputs: list[str] = Field(default_factory=list)  # what the stage had written
-    mlflow_run: str | None = None  # the flow run's MLflow run
+    mlflow_run: str | None = None  # the failed stage's MLflow run (the flow run's, if it has none)
 
 
 class CampaignRound(BaseModel):

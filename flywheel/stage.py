@@ -10,13 +10,18 @@ A stage's cache is its manifest in the artifact store (`ArtifactStore.manifest`)
 settings, the content of what it read and the code version; Prefect caches and persists nothing
 (its persisted results are pickles, and a pickle from a shared bucket is code run on load). A
 stage served from its manifest ends in a Completed state named "Cached", as Prefect's own cache
-hits do, so the UI tells the two apart.
+hits do, so the UI tells the two apart; its MLflow child run is tagged `cached=true`.
+
+A stage that fails for a transient cause (an environment server or the store unreachable, a
+timeout) is retried with back-off; a deterministic failure (a bad setting, a NaN loss) is not:
+retrying it would spend the same hours to fail the same way (`is_transient_failure`).
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -182,11 +187,58 @@ def stage_task(name: str):
             cache_policy=NO_CACHE,
             persist_result=False,
             task_run_name=stage_run_name,
+            retries=len(RETRY_DELAYS_S),
+            retry_delay_seconds=list(RETRY_DELAYS_S),
+            retry_condition_fn=retry_if_transient,
             on_failure=[record_failed_stage],
             on_completion=[mark_failure_superseded],
         )
 
     return decorate
+
+
+# Waits before each retry of a transiently failed stage: long enough for a restarted
+# environment server or a store that dropped connections to come back.
+RETRY_DELAYS_S = (30, 120)
+
+
+def transient_errors() -> tuple[type[BaseException], ...]:
+    """Failures of what a stage talks to, not of the stage: connections refused or reset,
+    timeouts (built in, and as httpx, botocore and aiohttp raise them). An environment's own
+    unavailability (`envs.base.EnvironmentUnavailable`) is a ConnectionError."""
+    import aiohttp
+    import botocore.exceptions as boto
+    import httpx
+
+    return (
+        ConnectionError,
+        TimeoutError,
+        socket.gaierror,
+        httpx.TransportError,
+        boto.ConnectionError,  # EndpointConnectionError, ConnectTimeoutError
+        boto.HTTPClientError,  # ReadTimeoutError, ConnectionClosedError
+        aiohttp.ClientConnectionError,  # s3fs talks to S3 through aiohttp
+    )
+
+
+def is_transient_failure(error: BaseException | None) -> bool:
+    """Whether `error`, or an error it was raised from, is transient (`transient_errors`)."""
+    transient, seen = transient_errors(), set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, transient):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def retry_if_transient(task, task_run, state) -> bool:
+    """Prefect's `retry_condition_fn` for stages: retry a transient failure only."""
+    try:
+        error = state.result(raise_on_failure=False)
+    except Exception:
+        return False
+    return isinstance(error, BaseException) and is_transient_failure(error)
 
 
 def report_task(name: str):
@@ -320,12 +372,30 @@ def start_child_run(tracker: Tracker, name: str, out: StageOutput) -> str:
     return tracker.start(f"{name}/{label}", parent_id=out.tracking.parent_run_id)
 
 
+CACHED_TAG = "cached"  # "true": the stage was served from its manifest, not run
+STAGE_KEY_TAG = "flywheel.stage_key"  # the key the stage's manifest was published under
+
+
 def log_child_run(tracker: Tracker, run_id: str, manifest: Manifest) -> None:
-    """A finished stage's counts and metrics, and where its output is; then the run ends."""
+    """A finished stage's counts and metrics, where its output is, whether it was served from
+    its manifest (`cached`) and under which key; then the run ends. A served stage keeps a
+    child run of its own, so every flow run shows all its stages; one whose run already
+    finished in this flow run (a retried flow run) is left as that run recorded it."""
+    served = manifest.served_from_store
+    if served and tracker.client.get_run(run_id).info.status == "FINISHED":
+        return
     numbers = {**manifest.counts, **manifest.metrics}
     tracker.log_metrics(run_id, {k: float(v) for k, v in numbers.items()})
-    # A tag, not a param: a run reused for the same stage and label may be told again.
-    tracker.client.set_tag(run_id, "flywheel.output_url", manifest.url)
+    # Tags, not params: a run reused for the same stage and label may be told again.
+    tags = {
+        "flywheel.output_url": manifest.url,
+        CACHED_TAG: "true" if served else "false",
+        STAGE_KEY_TAG: manifest.inputs_digest,
+    }
+    if served:
+        tags["flywheel.published_at"] = manifest.published_at  # when it was computed
+    for key, value in tags.items():
+        tracker.client.set_tag(run_id, key, value)
     tracker.finish(run_id)
 
 
@@ -349,6 +419,10 @@ def record_failed_stage(task, task_run, state) -> None:
     if not (store_url and out_url):
         return
     store = ArtifactStore(store_url)
+    tracker = tracking.tracker() if tracking else None
+    failed_run = (
+        tracker.find_run(child_run, tracking.parent_run_id) if tracker and child_run else None
+    )
     record = FailedStage(
         stage=task.name,
         task_run=task_run.name,
@@ -357,11 +431,12 @@ def record_failed_stage(task, task_run, state) -> None:
         message=failure_message(state),
         inputs=url_inputs(params),
         partial_outputs=[u for u in store.list_files(out_url) if not u.endswith(FAILED)],
-        mlflow_run=tracking.tracker().run_url(tracking.parent_run_id) if tracking else None,
+        # The failed stage's own run (its trainer's curves, its error); the flow run's otherwise.
+        mlflow_run=tracker.run_url(failed_run or tracking.parent_run_id) if tracker else None,
     )
     store.write_text(f"{out_url}/{FAILED}", record.model_dump_json(indent=2))
-    if tracking and child_run:
-        tag_failed_child(tracking, child_run, record.message)
+    if failed_run:  # the failed stage's own run carries the error too, not only the flow's run
+        tracker.tag_error(failed_run, record.message)
     create_markdown_artifact(
         failure_markdown(record, out_url),
         key=failure_artifact_key(store, out_url, task.name),
@@ -383,13 +458,6 @@ def stage_run_name() -> str:
 def child_run_name(name: str, out: StageOutput) -> str:
     """`<stage>/<label>`: the stage's MLflow child run (see `start_child_run`)."""
     return f"{name}/{out.label or out.url.rstrip('/').rsplit('/', 1)[-1]}"
-
-
-def tag_failed_child(tracking: TrackingRef, child_run: str, message: str) -> None:
-    """The failed stage's own MLflow run carries the error too, not only the flow's run."""
-    tracker = tracking.tracker()
-    if run_id := tracker.find_run(child_run, tracking.parent_run_id):
-        tracker.tag_error(run_id, message)
 
 
 def failure_artifact_key(store: ArtifactStore, out_url: str, stage_name: str) -> str:

@@ -3,22 +3,32 @@
 Runs are addressed by id through `MlflowClient` (no global "active run"), so stages running in
 threads never log into each other's runs. A trainer subprocess attaches to its stage's run
 through `MLFLOW_RUN_ID` / `MLFLOW_TRACKING_URI`, which transformers' MLflow callback honours.
+
+A flow run's parent run holds its resolved config whole (`config.yaml`) and every setting as a
+param of its own (`dpo.beta`), never cut (`log_config`).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import yaml
+from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
+from pydantic import BaseModel
 
 ERROR_TAG = "flywheel.error"
 ERROR_TAG_CHARS = 5000  # MLflow keeps tag values up to 8000 characters
 NOTE_TAG = "mlflow.note.content"  # a run's description
+CONFIG_ARTIFACT = "config.yaml"  # the parent run's resolved config, as `--print-config` prints it
 # The exception names a failure's first line starts with (`TrainingFailed: ValueError: `).
 EXCEPTION_NAMES = re.compile(r"^(?:[A-Z]\w*(?:Error|Exception|Failed|Failure): )+")
 
@@ -81,8 +91,25 @@ class Tracker:
             self.client.log_metric(run_id, key, float(value), step=step)
 
     def log_params(self, run_id: str, params: dict) -> None:
-        for key, value in params.items():
-            self.client.log_param(run_id, key, str(value)[:500])
+        """Each param as it is, in batches of the most MLflow takes in one call. A value longer
+        than MLflow keeps is refused, naming it: MLflow would keep a cut, misleading value."""
+        texts = {key: str(value) for key, value in params.items()}
+        for key, text in texts.items():
+            if len(text) > MAX_PARAM_VAL_LENGTH:
+                raise ValueError(
+                    f"param {key!r} has {len(text)} characters, over MLflow's limit of "
+                    f"{MAX_PARAM_VAL_LENGTH}: log it as an artifact instead"
+                )
+        batch = [Param(key, text) for key, text in texts.items()]
+        for start in range(0, len(batch), MAX_PARAMS_TAGS_PER_BATCH):
+            self.client.log_batch(run_id, params=batch[start : start + MAX_PARAMS_TAGS_PER_BATCH])
+
+    def log_config(self, run_id: str, config: BaseModel) -> None:
+        """The resolved config as `config.yaml` (loads back to the same config) and each setting
+        as a param named by its path (`setting_params`), so runs compare and filter on any
+        setting in MLflow's UI."""
+        self.log_files(run_id, {CONFIG_ARTIFACT: settings_yaml(config).encode()})
+        self.log_params(run_id, setting_params(config))
 
     def log_artifact(self, run_id: str, path: Path, folder: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), folder)
@@ -105,6 +132,45 @@ class Tracker:
     def subprocess_env(self, run_id: str) -> dict[str, str]:
         """Environment for a trainer process that should log into `run_id`."""
         return {"MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_RUN_ID": run_id}
+
+
+def settings_yaml(config: BaseModel) -> str:
+    """`config` as YAML a recipe loads back (`flywheel <recipe> --config`)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def setting_params(config: BaseModel) -> dict[str, str]:
+    """Every setting of `config` as `{path: value}`: sections flattened (`dpo.beta`,
+    `env.max_steps`), any other value as JSON (lists, dicts, numbers; strings as they are). A
+    value longer than MLflow keeps in a param says where it is instead (`CONFIG_ARTIFACT`)."""
+    return {
+        path: text if len(text) <= MAX_PARAM_VAL_LENGTH else too_long_note(text)
+        for path, text in flat_settings(config, config.model_dump(mode="json"))
+    }
+
+
+def flat_settings(model: BaseModel, dumped: dict, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """(path, text) of each setting of `model`, whose JSON dump is `dumped`; sections (settings
+    models) open into their settings."""
+    for name in type(model).model_fields:
+        if name not in dumped:  # a field excluded from dumps is no setting of the file
+            continue
+        value, path = getattr(model, name), f"{prefix}{name}"
+        if isinstance(value, BaseModel) and isinstance(dumped[name], dict):
+            yield from flat_settings(value, dumped[name], f"{path}.")
+        else:
+            yield path, param_text(dumped[name])
+
+
+def param_text(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def too_long_note(text: str) -> str:
+    return (
+        f"(in {CONFIG_ARTIFACT} only: {len(text)} characters, over MLflow's param limit of "
+        f"{MAX_PARAM_VAL_LENGTH})"
+    )
 
 
 def _artifact_root(tracking_uri: str) -> str | None:

@@ -105,7 +105,7 @@ def determinism_notes(backend: InferenceBackend) -> list[str]:
     ]
 
 
-class EpisodesLost(RuntimeError):
+class EpisodesLost(ConnectionError):  # transient: a stage retries it (flywheel.stage)
     """Some episodes could not be played to an end because their environment was unreachable."""
 
 
