@@ -39,6 +39,8 @@ END_OF_TURN = "<|im_end|>"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 # Seconds the Hub gets to answer the first request before the cache is used instead.
 HUB_TIMEOUT_S = 10.0
+# Seconds preflight waits for the Hub before refusing an id that is not in the Hub cache.
+HUB_PROBE_TIMEOUT_S = 2.0
 
 
 class ModelUnavailable(RuntimeError):
@@ -107,23 +109,121 @@ def _hub_snapshot(repo_id: str, revision: str | None) -> Path:
             etag_timeout=HUB_TIMEOUT_S,
         )  # fmt: skip
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as error:
-        where = f"{cache / ('models--' + repo_id.replace('/', '--'))}"
-        wanted = f"{repo_id}" + (f" at revision {revision!r}" if revision else "")
-        if offline:
-            how = (
-                f"HF_HUB_OFFLINE is set and the Hub cache (HF_HUB_CACHE / HF_HOME: {cache}) holds "
-                f"no snapshot of it ({where}): download it on a machine with network "
-                f"(`hf download {repo_id}`) into that cache, or unset HF_HUB_OFFLINE"
-            )
-        else:
-            how = (
-                f"the Hub did not answer ({type(error).__name__}: {str(error).splitlines()[0]}) "
-                f"and the Hub cache (HF_HUB_CACHE / HF_HOME: {cache}) holds no snapshot of it "
-                f"({where}): connect, copy a snapshot into that cache and set HF_HUB_OFFLINE=1, "
-                "or name a local folder as model.base"
-            )
-        raise ModelUnavailable(f"model {wanted} is not available: {how}") from None
+        reason = None if offline else f"{type(error).__name__}: {str(error).splitlines()[0]}"
+        raise _unavailable(repo_id, revision, reason) from None
     return Path(path)
+
+
+def _unavailable(repo_id: str, revision: str | None, hub_error: str | None) -> ModelUnavailable:
+    """The refusal of a Hub id missing from the Hub cache: offline (`hub_error` None), or the
+    Hub not answering (`hub_error` says how); both name the cache folder and the ways out."""
+    cache = hub_cache_dir()
+    where = f"{cache / ('models--' + repo_id.replace('/', '--'))}"
+    wanted = f"{repo_id}" + (f" at revision {revision!r}" if revision else "")
+    if hub_error is None:
+        how = (
+            f"HF_HUB_OFFLINE is set and the Hub cache (HF_HUB_CACHE / HF_HOME: {cache}) holds "
+            f"no snapshot of it ({where}): download it on a machine with network "
+            f"(`hf download {repo_id}`) into that cache, or unset HF_HUB_OFFLINE"
+        )
+    else:
+        how = (
+            f"the Hub did not answer ({hub_error}) "
+            f"and the Hub cache (HF_HUB_CACHE / HF_HOME: {cache}) holds no snapshot of it "
+            f"({where}): connect, copy a snapshot into that cache and set HF_HUB_OFFLINE=1, "
+            "or name a local folder as model.base"
+        )
+    return ModelUnavailable(f"model {wanted} is not available: {how}")
+
+
+def cached_hub_file(repo_id: str, filename: str, revision: str | None = None) -> Path | None:
+    """`filename` of the Hub cache's snapshot of `repo_id` at `revision` (default: what
+    refs/main points at), or None when the cache holds no such snapshot. No network."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, filename, cache_dir=hub_cache_dir(), revision=revision)
+    return Path(found) if isinstance(found, str) else None  # else None or "known absent"
+
+
+def check_hub_model_available(repo_id: str, revision: str | None = None) -> None:
+    """`ModelUnavailable` within `HUB_PROBE_TIMEOUT_S` for a Hub id that `resolve_model` could
+    not get: not in the Hub cache, and offline or the Hub not answering. `resolve_model` itself
+    waits `HUB_TIMEOUT_S` per request, with retries, before it says the same."""
+    if cached_hub_file(repo_id, "config.json", revision) is not None:
+        return
+    if hub_offline():
+        raise _unavailable(repo_id, revision, None)
+    if problem := hub_unreachable():
+        raise _unavailable(repo_id, revision, problem)
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hub (`HF_ENDPOINT`) gave no HTTP answer within `HUB_PROBE_TIMEOUT_S`, or None
+    when it answered (any status: a missing repository is snapshot_download's to name)."""
+    import httpx
+    from huggingface_hub import constants
+
+    try:
+        httpx.head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
+    except httpx.HTTPError as error:
+        return f"{constants.ENDPOINT} within {HUB_PROBE_TIMEOUT_S:.0f} s: {type(error).__name__}"
+    return None
+
+
+# The built-ins' depth and size: SmolLM2-135M's GGUF holds 30 layers; `make_tiny_model`
+# builds `TINY_LAYERS` (tests/test_preflight.py checks both against the built folders).
+TINY_LAYERS = 2
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What preflight needs of a model before loading it: its transformer layers and its
+    parameters, estimated from config.json as a Llama/Qwen-style decoder (embeddings,
+    attention with grouped key/value heads, a gated MLP)."""
+
+    layers: int
+    parameters: int
+
+
+BUILTIN_SHAPES = {
+    "smollm2-135m": ModelShape(layers=30, parameters=134_515_008),
+    "tiny": ModelShape(layers=TINY_LAYERS, parameters=3_244_352),
+}
+
+
+def shape_from_config(config: dict[str, Any]) -> ModelShape | None:
+    """A decoder's shape from its config.json (a multimodal one's `text_config`), or None when
+    it names no layer count."""
+    config = config.get("text_config") or config
+    layers = config.get("num_hidden_layers") or config.get("n_layer") or config.get("num_layers")
+    hidden = config.get("hidden_size") or config.get("n_embd") or config.get("d_model")
+    if not layers or not hidden:
+        return None
+    heads = config.get("num_attention_heads") or 1
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    intermediate = config.get("intermediate_size") or 4 * hidden
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    per_layer = attention + 3 * hidden * intermediate + 2 * hidden  # + two norms
+    embeddings = config.get("vocab_size", 0) * hidden
+    tied = config.get("tie_word_embeddings", True)
+    parameters = layers * per_layer + hidden + embeddings * (1 if tied else 2)
+    return ModelShape(layers=int(layers), parameters=int(parameters))
+
+
+def model_shape(base: str, revision: str | None = None) -> ModelShape | None:
+    """`base`'s shape read from its config.json alone (no weights, no network): a built-in's
+    is known, a folder's or a cached Hub snapshot's is read. None for a Hub id not in the
+    cache yet, or a config without a layer count."""
+    if base in BUILTIN_SHAPES:
+        return BUILTIN_SHAPES[base]
+    folder = Path(base).expanduser()
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        config_file = cached_hub_file(base, "config.json", revision)
+    if config_file is None:
+        return None
+    return shape_from_config(json.loads(config_file.read_text()))
 
 
 def weights_digest(folder: Path) -> str:
@@ -250,7 +350,7 @@ def make_tiny_model(out_dir: Path, base_dir: Path, seed: int = 0) -> Path:
         vocab_size=base_config.vocab_size,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=TINY_LAYERS,
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=64,

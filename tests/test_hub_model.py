@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from agents.chat_template import check_model
 from flywheel import model as model_module
 from flywheel.config_files import ConfigError
 from flywheel.model import ModelUnavailable, resolve_model, weights_digest
-from flywheel.settings import EnvSettings, ModelSettings
+from flywheel.settings import DPOSettings, EnvSettings, ModelSettings, SFTSettings
 from flywheel.stage import StageOutput
 from tasks.prepare_model import (
     model_stage_url,
@@ -142,3 +144,60 @@ def test_stage_uses_the_snapshot_and_keys_on_commit_and_digest(hub_cache, tiny_m
     moved = inputs.model_copy(update={"weights_digest": "0" * 64})
     with pytest.raises(RuntimeError, match="weights changed"):
         prepare_model_stage.fn(moved, StageOutput(store_url=store.root, url=url))
+
+
+def eto_on(base: str):
+    from flows.eto import ETOConfig
+    from flywheel.config_files import load_config
+
+    demo = Path(__file__).resolve().parents[1] / "configs" / "eto_textcraft.yaml"
+    return load_config(ETOConfig, str(demo), [f"model.base={base}"])
+
+
+def test_offline_id_not_in_cache_is_refused_in_preflight_at_once(hub_cache):
+    from ops.model_checks import check_model_shape
+
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="model.base: .*HF_HUB_OFFLINE is set"):
+        check_model_shape(eto_on("test-org/absent"))
+    assert time.monotonic() - started < 2  # was 20 s: after trl's import and the task lists
+
+
+def test_an_unreachable_hub_is_refused_within_the_probe_timeout(hub_cache, monkeypatch):
+    from huggingface_hub import constants
+
+    from ops.model_checks import check_model_shape
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    with socket.socket() as silent:  # accepts connections (backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match="the Hub did not answer .*within 2 s"):
+            check_model_shape(eto_on("test-org/absent"))
+    assert time.monotonic() - started < model_module.HUB_PROBE_TIMEOUT_S + 2
+
+
+def test_a_cached_id_is_checked_from_the_cache_without_the_hub(
+    hub_cache, tiny_model_dir, monkeypatch
+):
+    """Online, with the Hub down: the cached snapshot's config.json is read, its 2 layers
+    refuse the demo's 20 frozen ones, and the Hub is never asked."""
+    from ops.model_checks import check_model_shape
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(model_module, "hub_unreachable", lambda: pytest.fail("asked the Hub"))
+    add_snapshot(hub_cache, "test-org/tiny-agent", COMMIT_A, tiny_model_dir)
+    with pytest.raises(ConfigError, match="model.base='test-org/tiny-agent' has 2 layers"):
+        check_model_shape(eto_on("test-org/tiny-agent"))
+    assert check_model_shape(eto_on("test-org/tiny-agent").model_copy(
+        update={"sft": SFTSettings(), "dpo": DPOSettings()}))  # fmt: skip
+
+
+def test_an_id_not_downloaded_yet_is_checked_after_preflight_downloads_it(hub_cache, monkeypatch):
+    from ops.model_checks import check_model_shape
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(model_module, "hub_unreachable", lambda: None)  # the Hub answers
+    assert check_model_shape(eto_on("test-org/not-yet")) is False

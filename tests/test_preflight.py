@@ -14,6 +14,8 @@ import pytest
 from flows.eto import ETOConfig, main
 from flywheel.config_files import ConfigError, load_config
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def test_malformed_yaml_in_a_config_file_names_the_file_and_line(tmp_path):
     config = tmp_path / "broken.yaml"
@@ -138,3 +140,92 @@ def test_a_fresh_sqlite_store_opened_by_processes_at_once_stays_usable(tmp_path)
     for process, (_, err) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, err.decode()[-2000:]
     assert {out.decode().split()[-1] for out, _ in outputs} == {"1"}  # one experiment, shared
+
+
+def test_frozen_layers_the_model_lacks_are_refused_before_any_work(tmp_path):
+    """The CPU demo's config on the 2-layer model: refused in preflight, naming the setting and
+    the model's depth (it failed 1.5 min in, inside the SFT trainer)."""
+    from ops.runner import preflight
+
+    database = tmp_path / "mlflow.db"
+    cfg = load_config(
+        ETOConfig,
+        str(ROOT / "configs" / "eto_textcraft.yaml"),
+        [
+            "model.base=tiny",
+            f"storage_url={tmp_path}/runs",
+            f"mlflow_tracking_uri=sqlite:///{database}",
+        ],
+    )
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as error:
+        preflight(cfg)
+    assert time.monotonic() - started < 5
+    assert str(error.value).startswith(
+        "sft.frozen_layers=20 but model.base='tiny' has 2 layers: lower sft.frozen_layers"
+    )
+    assert not database.exists()
+
+
+def test_a_share_of_the_layers_scales_with_the_model():
+    from flywheel.model import BUILTIN_SHAPES
+    from flywheel.settings import DPOSettings, SFTSettings
+    from ops.model_checks import check_frozen_layers
+
+    share = SFTSettings(frozen_layers=0.67)
+    assert [share.frozen_layer_count(n) for n in (30, 28, 2)] == [20, 18, 1]
+    assert SFTSettings(frozen_layers=20).frozen_layer_count(30) == 20  # a count stays a count
+    for wrong in (1.0, 20.0, 1.5):
+        with pytest.raises(ValueError, match="a count of layers is an integer"):
+            DPOSettings(frozen_layers=wrong)
+    tiny = load_config(ETOConfig, str(ROOT / "configs" / "eto_textcraft.yaml"),
+                       ["model.base=tiny", "sft.frozen_layers=0.67", "dpo.frozen_layers=2"])  # fmt: skip
+    check_frozen_layers(tiny, BUILTIN_SHAPES["tiny"])  # 1 and 2 of 2 layers: fine
+
+
+def test_the_built_in_models_shapes_are_those_of_their_folders(base_model_dir, tiny_model_dir):
+    import json
+
+    from flywheel.model import BUILTIN_SHAPES, shape_from_config
+
+    for name, folder in [("smollm2-135m", base_model_dir), ("tiny", tiny_model_dir)]:
+        config = json.loads((folder / "config.json").read_text())
+        assert shape_from_config(config) == BUILTIN_SHAPES[name], name
+
+
+def large_model_folder(tmp_path) -> Path:
+    """Qwen2.5-1.5B's config.json alone: what preflight reads of a model."""
+    import json
+
+    folder = tmp_path / "qwen-1.5b"
+    folder.mkdir()
+    fields = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                  num_attention_heads=12, num_key_value_heads=2, vocab_size=151936)  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(fields))
+    return folder
+
+
+def test_a_cpu_demo_config_on_a_large_model_warns_naming_the_gpu_config(tmp_path, capsys):
+    from ops.model_checks import check_model_shape
+
+    folder = large_model_folder(tmp_path)
+    demo = load_config(
+        ETOConfig, str(ROOT / "configs" / "eto_textcraft.yaml"), [f"model.base={folder}"]
+    )
+    assert check_model_shape(demo)
+    warning = capsys.readouterr().err
+    assert warning.count("\n") == 1 and warning.startswith("warning: model.base=")
+    assert "~1.5B parameters" in warning and "sft.frozen_layers=20" in warning
+    assert "sft.learning_rate=0.00045" in warning and "inference.max_tokens=48" in warning
+    assert "configs/gpu/eto_textcraft_qwen1.5b.yaml" in warning
+    gpu = load_config(
+        ETOConfig,
+        str(ROOT / "configs" / "gpu" / "eto_textcraft_qwen1.5b.yaml"),
+        [f"model.base={folder}"],
+    )
+    assert check_model_shape(gpu)
+    assert capsys.readouterr().err == ""
+    small = load_config(
+        ETOConfig, str(ROOT / "configs" / "eto_textcraft.yaml")
+    )  # the demo's own model
+    assert check_model_shape(small) and capsys.readouterr().err == ""

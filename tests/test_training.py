@@ -91,6 +91,14 @@ def test_the_lm_head_projects_only_the_loss_positions_on_a_cpu(tiny_model_dir, c
     torch.testing.assert_close(log_probs[False], log_probs[True])
 
 
+def test_a_share_of_the_layers_freezes_that_share(tiny_model_dir):
+    model = load_model(job_for(tiny_model_dir, frozen_layers=0.5))  # 1 of the tiny model's 2
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == {n for n, _ in model.named_parameters() if n.startswith("model.layers.0.")} | {
+        "model.embed_tokens.weight"
+    }
+
+
 def test_freezing_more_layers_than_the_model_has_is_refused(tiny_model_dir):
     with pytest.raises(ValueError, match="frozen_layers=3 but the model has 2"):
         load_model(job_for(tiny_model_dir, frozen_layers=3))

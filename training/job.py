@@ -169,8 +169,8 @@ def weights_dtype(job: TrainingJob, gpu_bf16: bool) -> str:
 
 
 def load_model(job: TrainingJob):
-    """The model to train (in `weights_dtype`), with `job.settings.frozen_layers` bottom
-    layers frozen.
+    """The model to train (in `weights_dtype`), with the bottom layers `frozen_layers` names
+    frozen.
     From a LoRA adapter folder (a stage that published `lora.publish=adapter`): its base with the
     adapter, which goes on training under LoRA and is merged into the base otherwise."""
     from transformers import AutoModelForCausalLM
@@ -185,11 +185,9 @@ def load_model(job: TrainingJob):
     )
     if adapter:
         model = with_adapter(model, adapter, job)
-    frozen = job.settings.frozen_layers
+    layers = model.base_model.layers if job.settings.frozen_layers else []
+    frozen = job.settings.frozen_layer_count(len(layers)) if layers else 0  # a count or a share
     if frozen:
-        layers = model.base_model.layers
-        if frozen > len(layers):
-            raise ValueError(f"frozen_layers={frozen} but the model has {len(layers)}")
         model.get_input_embeddings().requires_grad_(False)  # tied to the output layer in SmolLM2
         for layer in layers[:frozen]:
             layer.requires_grad_(False)
