@@ -311,6 +311,58 @@ class InferenceSettings(Strict):
     # tasks came out identical on 3 of 26 (same 4 solved), and an RL trainer dividing by vLLM's
     # log-probabilities would see the rounding as off-policy noise. Hence "auto" by default.
     kv_cache_dtype: KVCacheDType = "auto"
+    # More of vLLM's engine arguments (its EngineArgs fields), passed to the engine as they are:
+    # {tensor_parallel_size: 2, gpu_memory_utilization: 0.9}. Not those Flywheel sets itself.
+    vllm_args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("vllm_args")
+    @classmethod
+    def _vllm_args_are_engine_args_without_a_setting(cls, value: dict[str, Any]):
+        check_vllm_args(value)
+        return value
+
+
+# vLLM engine arguments that Flywheel sets itself -> what to do instead. `inference.vllm_args`
+# may not set them again (`check_vllm_args`).
+FLYWHEEL_VLLM_ARGS = {
+    "model": "set model.base instead", "tokenizer": "set model.base instead",
+    "revision": "set model.revision instead",
+    "max_model_len": "set inference.max_model_len instead",
+    "block_size": "set inference.block_size instead",
+    "kv_cache_dtype": "set inference.kv_cache_dtype instead",
+    "seed": "set the run's seed (seed=) instead",
+    "enable_lora": "set lora.publish=adapter instead", "max_lora_rank": "set lora.rank instead",
+    "enable_prefix_caching": "rollouts rely on it: each turn reuses its episode's past",
+    "logprobs_mode": "the RL trainer divides by the sampled tokens' (processed) log-probabilities",
+    "enable_chunked_prefill": "seeded sampling on a CPU needs it off (docs/determinism.md)",
+    "max_num_batched_tokens": "set inference.max_model_len instead (a step's token budget is at "
+    "least that long, so seeded prompts are prefilled whole)",
+}  # fmt: skip
+
+
+def check_vllm_args(args: dict[str, Any]) -> None:
+    """A `ValueError` for a key of `inference.vllm_args` that a setting sets (naming it) or that
+    is none of vLLM's engine arguments (with the nearest names). vLLM is imported only when
+    there is a key to check."""
+    if not args:
+        return
+    import dataclasses
+    import difflib
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {field.name for field in dataclasses.fields(EngineArgs)}
+    for key in args:
+        if key in FLYWHEEL_VLLM_ARGS:
+            raise ValueError(
+                f"inference.vllm_args.{key} is set by Flywheel: {FLYWHEEL_VLLM_ARGS[key]}"
+            )
+        if key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=3)
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+            raise ValueError(
+                f"inference.vllm_args.{key} is not one of vLLM's engine arguments{hint}"
+            )
 
 
 # Shipped `accelerate launch` configs; here, so settings are checked without the trainers.
@@ -389,8 +441,11 @@ class TrainerSettings(Strict):
     # Tokens per sequence (a trajectory, or a DPO pair); longer ones are cut or left out.
     max_length: int = Field(default=2048, ge=64)
     # Bottom transformer layers kept frozen (with the embeddings); backward stops above them,
-    # which makes a step much cheaper on a CPU. 0 trains everything.
-    frozen_layers: int = Field(default=0, ge=0)
+    # which makes a step much cheaper on a CPU. An integer is a count (20: the bottom 20), a
+    # number between 0 and 1 a share of the model's layers, rounded down (0.67: 20 of 30, 18
+    # of 28), so a config fits any depth. 0 trains everything. Checked against the model in
+    # preflight.
+    frozen_layers: int | float = Field(default=0, ge=0)
     # Optimizer steps between checkpoints into the stage's folder in the store, from which a
     # killed stage resumes (training/checkpoint.py, docs/checkpoints.md); 0: none by steps
     # (both intervals 0 turn checkpoints off). Not keyed: a resumed run trains the same
@@ -404,6 +459,28 @@ class TrainerSettings(Strict):
     # A CPU trains deterministically either way. Off: on an H200 it cost no memory and ~1.2-1.6x
     # the train time of short jobs (bench/results-gpu-checklist.md sections 7-8; docs/determinism.md).
     deterministic: bool = False
+
+    @field_validator("frozen_layers")
+    @classmethod
+    def _count_or_share(cls, value: int | float) -> int | float:
+        if isinstance(value, float) and not 0 <= value < 1:
+            raise ValueError(
+                f"frozen_layers={value}: a count of layers is an integer (write "
+                f"{int(value)}), a share of the model's layers a number below 1 (0.67)"
+            )
+        return value
+
+    def frozen_layer_count(self, layers: int) -> int:
+        """The bottom layers `frozen_layers` freezes in a model of `layers` layers; a
+        `ValueError` naming the setting and the model's depth when it asks for more."""
+        if isinstance(self.frozen_layers, float):
+            return int(self.frozen_layers * layers)
+        if self.frozen_layers > layers:
+            raise ValueError(
+                f"frozen_layers={self.frozen_layers} but the model has {layers} layers: lower "
+                f"it to at most {layers}, or give a share of the layers (0.67)"
+            )
+        return self.frozen_layers
 
     @model_validator(mode="after")
     def _lora_replaces_frozen_layers(self):
@@ -520,11 +597,17 @@ class RLSettings(TrainerSettings):
 
     grpo: group-normalised rewards; dr-grpo: group mean subtracted, not divided by the std;
     rloo: leave-one-out baseline; reinforce++: KL-penalised token rewards, returns whitened over
-    the batch; ppo: GAE from a value head trained alongside (its weights kept next to the model).
+    the batch; ppo: GAE from a value head trained alongside (its weights kept next to the model);
+    gigpo: GRPO's episode advantage plus a step advantage within anchor states, the turns of a
+    group's episodes that act from the same environment state (Feng et al. 2025).
     """
 
     # How advantages are computed (see the class docstring).
-    estimator: Literal["grpo", "dr-grpo", "rloo", "reinforce++", "ppo"] = "grpo"
+    estimator: Literal["grpo", "dr-grpo", "rloo", "reinforce++", "ppo", "gigpo"] = "grpo"
+    # GiGPO: the weight of the step advantage beside the episode's (the paper's omega, 1), and
+    # the discount of a turn's return: gamma^(turns after it) x the episode's reward (0.95).
+    gigpo_step_weight: float = Field(default=1.0, ge=0)
+    gigpo_gamma: float = Field(default=0.95, gt=0, le=1)
     learning_rate: float = Field(default=1e-6, gt=0)  # Agent-R1's actor learning rate
     # Passes over the trajectories; the advantages and the old log-probabilities stay fixed.
     epochs: int = Field(default=1, ge=1)

@@ -14,6 +14,7 @@ from training.advantages import (
     clipped_value_loss,
     discounted_returns,
     gae_advantages,
+    gigpo_advantages,
     group_index,
     grpo_advantages,
     kl_k3,
@@ -268,3 +269,64 @@ def test_a_group_of_equal_rewards_has_exactly_zero_advantage(reward, size):
     ):
         assert bool((advantages[:size] == 0).all()), advantages[:size, 0]
         assert bool((advantages[size:] != 0).all())
+
+
+# GiGPO, worked by hand. One group of three episodes (rewards 1, 0, 0) at gamma 0.5; anchor
+# states: s0 = 0 (every episode's first turn), s1 = 1 (the second turn of episodes 0 and 2), and
+# episode 1's second and third turns in states met once (2, 3).
+GIGPO_REWARDS = torch.tensor([1.0, 0.0, 0.0])
+GIGPO_GROUPS = torch.tensor([0, 0, 0])
+GIGPO_ANCHORS = torch.tensor([[0, 1, -1], [0, 2, 3], [0, 1, -1]])
+# Tokens: a prompt token, then two tokens per turn with an observation token between turns.
+GIGPO_TURNS = torch.tensor(
+    [
+        [-1, 0, 0, -1, 1, 1, -1, -1, -1, -1],
+        [-1, 0, 0, -1, 1, 1, -1, 2, 2, -1],
+        [-1, 0, 0, -1, 1, 1, -1, -1, -1, -1],
+    ]
+)
+GIGPO_MASK = GIGPO_TURNS >= 0
+
+
+def test_gigpo_is_grpos_episode_advantage_plus_the_anchor_states_step_advantage():
+    """Returns: episode 0's turns 0.5 (gamma x 1) and 1; the others' 0. Anchor s0 holds
+    {0.5, 0, 0}: mean 1/6, std sqrt(1/12), so +2/sqrt(3) and -1/sqrt(3) twice; s1 holds {1, 0}:
+    +-1/sqrt(2); states met once have none. The episode advantage (GRPO on 1, 0, 0) is
+    +2/sqrt(3), -1/sqrt(3), -1/sqrt(3)."""
+    advantages = gigpo_advantages(
+        GIGPO_REWARDS, GIGPO_GROUPS, GIGPO_MASK, GIGPO_TURNS, GIGPO_ANCHORS, gamma=0.5
+    )
+    e0, e_other = 2 / SQRT3, -1 / SQRT3
+    per_turn = {
+        0: [e0 + 2 / SQRT3, e0 + 1 / SQRT2],
+        1: [e_other - 1 / SQRT3, e_other, e_other],
+        2: [e_other - 1 / SQRT3, e_other - 1 / SQRT2],
+    }
+    expected = torch.zeros(GIGPO_TURNS.shape)
+    for row, values in per_turn.items():
+        for turn, value in enumerate(values):
+            expected[row][GIGPO_TURNS[row] == turn] = value
+    close(advantages, expected)
+
+
+def test_gigpo_without_step_weight_is_grpo_and_shared_states_alone_move_it():
+    plain = gigpo_advantages(
+        GIGPO_REWARDS, GIGPO_GROUPS, GIGPO_MASK, GIGPO_TURNS, GIGPO_ANCHORS, step_weight=0.0
+    )
+    close(plain, grpo_advantages(GIGPO_REWARDS, GIGPO_GROUPS, GIGPO_MASK))
+    # No state met twice: every step advantage is 0, whatever the returns.
+    alone = torch.tensor([[0, 1, -1], [2, 3, 4], [5, 6, -1]])
+    close(
+        gigpo_advantages(GIGPO_REWARDS, GIGPO_GROUPS, GIGPO_MASK, GIGPO_TURNS, alone),
+        grpo_advantages(GIGPO_REWARDS, GIGPO_GROUPS, GIGPO_MASK),
+    )
+
+
+def test_gigpo_anchor_states_never_span_groups():
+    """The same state id in two groups (two questions) is two anchor states."""
+    groups = torch.tensor([0, 1, 1])
+    advantages = gigpo_advantages(
+        GIGPO_REWARDS, groups, GIGPO_MASK, GIGPO_TURNS, GIGPO_ANCHORS, gamma=0.5
+    )
+    # Group 0 is one episode: no advantage at all. Group 1 (rewards 0, 0): none either.
+    close(advantages, torch.zeros(GIGPO_TURNS.shape))

@@ -112,6 +112,40 @@ def test_old_logprobs_are_the_samplers_where_recorded_else_the_starting_models(c
     assert full[end + 1] == chat.turn_end_ids[0]
 
 
+def test_gigpo_turns_and_anchor_states_come_from_the_episodes_messages(chat):
+    """Each sampled turn is numbered on its tokens and keyed by every environment message before
+    it: two episodes that searched alike and got the same result share their second state."""
+    search = sampled(chat, "<search>sky colour</search>")
+    blue = Message(role="user", content="<result>The sky is blue.</result>")
+    grey = Message(role="user", content="<result>Grey, today.</result>")
+    right = episode([search, blue, sampled(chat, "<answer>blue</answer>")], reward=1.0)
+    same = episode([search, blue, sampled(chat, "<answer>red</answer>")], reward=0.0)
+    other = episode([search, grey, sampled(chat, "<answer>grey</answer>")], reward=0.0)
+    rows, _ = rl_rows([right, same, other], chat, 512)
+    mask, turns = rows[0]["assistant_masks"], rows[0]["turn_of_token"]
+    assert [t >= 0 for t in turns] == [bool(m) for m in mask]
+    assert sorted(set(turns) - {-1}) == [0, 1]
+    first, second = rows[0]["turn_anchors"]
+    assert [r["turn_anchors"][0] for r in rows] == [first] * 3  # the question: one state
+    assert rows[1]["turn_anchors"][1] == second != rows[2]["turn_anchors"][1]
+    tensors = rl.as_tensors(rows)
+    assert tensors.turn_anchors.tolist() == [[0, 1], [0, 1], [0, 2]]
+    assert torch.equal(tensors.turn_of_token >= 0, tensors.mask)  # shifted with the mask
+    settings = RLSettings(estimator="gigpo", gigpo_gamma=1.0)
+    advantages, _ = rl.estimate_advantages(settings, tensors)
+    answer = tensors.turn_of_token == 1
+    # The answers after the blue result differ by the whole step advantage; the grey one's
+    # state is met once, so it carries the episode advantage alone.
+    episode_part = [2 / 3**0.5, -1 / 3**0.5, -1 / 3**0.5]
+    assert advantages[0][answer[0]].unique().item() == pytest.approx(
+        episode_part[0] + 2**-0.5, abs=1e-5
+    )
+    assert advantages[1][answer[1]].unique().item() == pytest.approx(
+        episode_part[1] - 2**-0.5, abs=1e-5
+    )
+    assert advantages[2][answer[2]].unique().item() == pytest.approx(episode_part[2], abs=1e-5)
+
+
 # ---- estimators ---------------------------------------------------------------------------------
 
 

@@ -17,6 +17,9 @@ Estimators:
   reward added at the last generated token, discounted return-to-go, whitened over all loss
   tokens of the batch.
 - `gae_advantages` (PPO): generalised advantage estimation from a value model's per-token values.
+- `gigpo_advantages` (GiGPO, Feng et al. 2025): GRPO's episode advantage plus `step_weight` x a
+  step advantage, computed within "anchor states": the turns of a group's episodes that act from
+  the same environment state, compared by their discounted returns.
 
 Multi-turn sequences: a return-to-go or GAE recursion steps over generated tokens only. The tokens
 between two turns (a tool's output) are the environment's doing, not actions, so they neither
@@ -94,6 +97,45 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor, loss_mask: Tensor) -> Te
     others = (size * mean - rewards) / (size - 1).clamp(min=1)
     # std is exactly 0 for a group of equal rewards, where `others` may be a few ulps off
     return per_token(torch.where((size > 1) & (std > 0), rewards - others, 0.0), loss_mask)
+
+
+def gigpo_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    loss_mask: Tensor,
+    turn_of_token: Tensor,
+    turn_anchors: Tensor,
+    gamma: float = 0.95,
+    step_weight: float = 1.0,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+) -> Tensor:
+    """GiGPO: A = A_episode + step_weight x A_step on each turn's loss tokens.
+
+    `turn_of_token` (B, T): the index k of the turn a generated token belongs to (-1 elsewhere).
+    `turn_anchors` (B, K): an integer naming the environment state turn k acted from (-1 past the
+    episode's last turn); equal integers in one group are one anchor state. The sparse outcome
+    reward gives turn k of an episode of K turns the discounted return gamma^(K-1-k) x reward.
+    Within each (group, anchor state), a turn's step advantage is its return less the anchor
+    group's mean, over its std with `scale_by_std`; an anchor state met once has none."""
+    episode = grpo_advantages(rewards, group_ids, loss_mask, scale_by_std, eps)
+    valid = turn_anchors >= 0
+    turns = valid.sum(dim=1, keepdim=True)
+    k = torch.arange(turn_anchors.shape[1], device=rewards.device)[None, :]
+    returns = rewards[:, None] * gamma ** (turns - 1 - k).clamp(min=0).to(rewards.dtype)
+    rows, columns = valid.nonzero(as_tuple=True)
+    pairs = torch.stack([group_ids[rows], turn_anchors[rows, columns]], dim=1)
+    _, step_groups = torch.unique(pairs, dim=0, return_inverse=True)
+    mean, std, _ = _group_stats(returns[rows, columns], step_groups)
+    step = returns[rows, columns] - mean
+    if scale_by_std:
+        step = step / (std + eps)
+    per_turn = torch.zeros_like(returns)
+    per_turn[rows, columns] = step
+    index = turn_of_token.clamp(min=0)
+    per_token_step = torch.gather(per_turn, 1, index.clamp(max=per_turn.shape[1] - 1))
+    on_turn = loss_mask.bool() & (turn_of_token >= 0)
+    return episode + step_weight * torch.where(on_turn, per_token_step, 0.0)
 
 
 # ---- token-level rewards and returns ------------------------------------------------------------

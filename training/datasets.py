@@ -13,6 +13,8 @@ many were shortened and dropped, and the trainers report them in the stage's met
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass
 
 from flywheel.chat import ChatTokenizer
@@ -175,7 +177,11 @@ def rl_rows(
     trajectories: list[Trajectory], chat: ChatTokenizer, max_length: int
 ) -> tuple[list[dict], RowCounts]:
     """`input_ids`, `assistant_masks` (1 = a token the policy sampled), `logprobs` (the
-    sampler's, None where not recorded), `reward` and `group_id`, one row per trajectory.
+    sampler's, None where not recorded), `reward` and `group_id`, one row per trajectory; for
+    GiGPO, `turn_of_token` (the index of the sampled turn each id belongs to, -1 for context) and
+    `turn_anchors` (per sampled turn, a digest of every environment message before it: the state
+    the turn acted from. Not the last observation alone: TextCraft's "Got 1 oak log" is met in
+    many states, as is a search result at different points of a QA episode).
 
     A row holds the whole chat as it was sampled (worked examples included): the importance
     ratio compares probabilities in the context the tokens were drawn in, so nothing is cut.
@@ -183,10 +189,17 @@ def rl_rows(
     """
     rows, counts = [], RowCounts()
     for trajectory in trajectories:
-        ids, mask, logprobs = [], [], []
+        ids, mask, logprobs, turn_of_token, anchors = [], [], [], [], []
+        seen = hashlib.sha256()  # what the environment has shown so far: the state acted from
         for position, message in enumerate(trajectory.messages):
             chunk = sampled_message_ids(chat, message, first=position == 0)
             ids, mask, logprobs = ids + chunk[0], mask + chunk[1], logprobs + chunk[2]
+            sampled = any(chunk[1])
+            turn_of_token += [len(anchors) if m else -1 for m in chunk[1]]
+            if sampled:
+                anchors.append(seen.hexdigest())
+            elif message.role != "assistant":
+                seen.update(json.dumps([message.role, message.content]).encode())
         if len(ids) > max_length:
             counts.rows_dropped_too_long += 1
         elif not any(mask):
@@ -196,5 +209,6 @@ def rl_rows(
             rows.append({
                 "input_ids": ids, "assistant_masks": mask, "logprobs": logprobs,
                 "reward": trajectory.reward, "group_id": trajectory.group_id,
+                "turn_of_token": turn_of_token, "turn_anchors": anchors,
             })  # fmt: skip
     return rows, counts

@@ -59,6 +59,7 @@ from training.advantages import (
     clipped_policy_loss,
     clipped_value_loss,
     gae_advantages,
+    gigpo_advantages,
     group_index,
     grpo_advantages,
     kl_k3,
@@ -94,7 +95,7 @@ from training.pareto import mixed_group_ids
 VALUE_HEAD_FILE = "value_head/head.safetensors"  # not at the top: see the docstring
 POLICY_FILE = "policy.safetensors"  # a checkpoint's trainable weights
 KL_IN_REWARD = ("reinforce++", "ppo")  # the other estimators put the KL in the loss
-GROUP_BASELINES = ("grpo", "dr-grpo", "rloo")  # advantages from the rewards alone
+GROUP_BASELINES = ("grpo", "dr-grpo", "rloo", "gigpo")  # advantages from the rewards alone
 
 
 class Policy(nn.Module):
@@ -142,6 +143,10 @@ class Rows:
     groups: Tensor  # (B,) group index
     start_logp: Tensor | None = None  # (B, T) under the starting model
     start_values: Tensor | None = None  # (B, T) PPO's value head before training
+    # GiGPO: the sampled turn each position predicts a token of (else -1), (B, T); each turn's
+    # environment state as an integer (-1 past the episode's last turn), (B, K)
+    turn_of_token: Tensor | None = None
+    turn_anchors: Tensor | None = None
 
     def select(self, keep: list[int]) -> Rows:
         """These rows only (before the starting pass)."""
@@ -149,6 +154,8 @@ class Rows:
             input_ids=[self.input_ids[i] for i in keep], mask=self.mask[keep],
             recorded_logp=self.recorded_logp[keep], rewards=self.rewards[keep],
             groups=self.groups[keep],
+            turn_of_token=None if self.turn_of_token is None else self.turn_of_token[keep],
+            turn_anchors=None if self.turn_anchors is None else self.turn_anchors[keep],
         )  # fmt: skip
 
     @property
@@ -166,12 +173,16 @@ def padded(values: list[list], fill) -> Tensor:
 def as_tensors(rows: list[dict]) -> Rows:
     """Rows shifted by one: position t holds token t+1, the one predicted there."""
     logprobs = [[float("nan") if p is None else p for p in r["logprobs"][1:]] for r in rows]
+    states: dict[str, int] = {}  # anchor digests as integers, equal across the batch
+    anchors = [[states.setdefault(a, len(states)) for a in r["turn_anchors"]] for r in rows]
     return Rows(
         input_ids=[torch.tensor(r["input_ids"]) for r in rows],
         mask=padded([r["assistant_masks"][1:] for r in rows], 0).bool(),
         recorded_logp=padded(logprobs, float("nan")).float(),
         rewards=torch.tensor([float(r["reward"]) for r in rows]),
         groups=group_index([r["group_id"] for r in rows]),
+        turn_of_token=padded([r["turn_of_token"][1:] for r in rows], -1),
+        turn_anchors=padded(anchors, -1),
     )
 
 
@@ -268,6 +279,12 @@ def estimate_advantages(settings: RLSettings, rows: Rows) -> tuple[Tensor, Tenso
         return grpo_advantages(rows.rewards, rows.groups, mask, scale_by_std=scale), None
     if estimator == "rloo":
         return rloo_advantages(rows.rewards, rows.groups, mask), None
+    if estimator == "gigpo":
+        advantages = gigpo_advantages(
+            rows.rewards, rows.groups, mask, rows.turn_of_token, rows.turn_anchors,
+            gamma=settings.gigpo_gamma, step_weight=settings.gigpo_step_weight,
+        )  # fmt: skip
+        return advantages, None
     if estimator == "reinforce++":
         advantages = reinforce_pp_advantages(
             rows.rewards, rows.old_logp, rows.start_logp, mask, settings.kl_beta, settings.gamma
