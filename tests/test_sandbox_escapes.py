@@ -479,3 +479,15 @@ def test_a_kernel_that_refuses_namespaces_stops_the_tool_with_the_setting_to_use
 
 def test_the_tool_in_the_namespace_box_prints():
     assert PythonTool().execute({"code": "print(sum(range(10)))"}) == "45"
+
+
+@pytest.mark.parametrize("limits", [{"disk_mb": 0}, {"max_files": 1}])
+def test_a_quota_with_no_room_for_the_code_is_refused_naming_the_settings(limits):
+    with pytest.raises(ValueError, match="set disk_mb >= 1 and max_files >= 2"):
+        SandboxLimits(**limits)
+
+
+def test_code_larger_than_the_quota_is_the_runs_error_not_a_broken_box():
+    """main.py is written inside the box, under its limits: code past them fails as a run."""
+    run = run_python("x = 1\n" + "#" * (2 * 2**20), SandboxLimits(disk_mb=1))
+    assert run.error == "OSError: [Errno 28] No space left on device"
