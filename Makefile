@@ -149,21 +149,22 @@ demo-scienceworld: install
 	$(PY) -m flows.eto --config configs/eto_scienceworld.yaml
 
 # Production-like, on this machine: Prefect server (UI) + MLflow server (+ S3 with S3=1), then
-# deployments on a process work pool and a worker that runs them. PREFECT_API_URL and
-# MLFLOW_TRACKING_URI default to the services' addresses.
-PREFECT_URL ?= http://127.0.0.1:4200/api
-MLFLOW_URL ?= http://127.0.0.1:5000
+# deployments on a process work pool and a worker that runs them. Ports: PREFECT_PORT,
+# MLFLOW_PORT, S3_PORT. deploy and worker use an exported PREFECT_API_URL / MLFLOW_TRACKING_URI
+# (a server elsewhere), else the services' addresses on those ports.
+PREFECT_PORT ?= 4200
+MLFLOW_PORT ?= 5000
+S3_PORT ?= 9000
+PREFECT_URL ?= $(or $(PREFECT_API_URL),http://127.0.0.1:$(PREFECT_PORT)/api)
+MLFLOW_URL ?= $(or $(MLFLOW_TRACKING_URI),http://127.0.0.1:$(MLFLOW_PORT))
+MLFLOW_UI ?= $(or $(FLYWHEEL_MLFLOW_UI),$(MLFLOW_URL))
 
 services: install
-	$(PY) -m ops.services $(if $(S3),--s3)
+	$(PY) -m ops.services $(if $(S3),--s3) --prefect-port $(PREFECT_PORT) --mlflow-port $(MLFLOW_PORT) --s3-port $(S3_PORT)
 
 deploy: install
-	PREFECT_API_URL=$(PREFECT_URL) .venv/bin/prefect work-pool create flywheel-process --type process --overwrite
-	PREFECT_API_URL=$(PREFECT_URL) FLYWHEEL_HOME=$(CURDIR) .venv/bin/prefect --no-prompt deploy \
-	  --prefect-file deployments/prefect.yaml --name eto-campaign-textcraft \
-	  --name agent-r-campaign-textcraft --name eto-textcraft --name agent-r-textcraft \
-	  --name agent-r1-qa --name et-agent-qa --name eto-scienceworld
+	PREFECT_API_URL=$(PREFECT_URL) $(PY) -m ops.deploy
 
 worker: install
-	PREFECT_API_URL=$(PREFECT_URL) MLFLOW_TRACKING_URI=$(MLFLOW_URL) FLYWHEEL_MLFLOW_UI=$(MLFLOW_URL) \
+	PREFECT_API_URL=$(PREFECT_URL) MLFLOW_TRACKING_URI=$(MLFLOW_URL) FLYWHEEL_MLFLOW_UI=$(MLFLOW_UI) \
 	  FLYWHEEL_HOME=$(CURDIR) .venv/bin/prefect worker start --pool flywheel-process

@@ -47,7 +47,10 @@ def run_campaign(cfg, recipe: str, next_round, *extra):
             )
             print(message)
             return Completed(message=message)
-        campaign = run_tracked(cfg, next_round, campaign, *extra, store=store, locked=True)
+        campaign = run_tracked(
+            cfg, next_round, campaign, *extra, store=store, locked=True,
+            attempted=f"round {len(campaign.rounds)}",
+        )  # fmt: skip
         if isinstance(campaign, State):  # the round failed: nothing to publish
             return campaign
         save_campaign(store, cfg.run_name, campaign)

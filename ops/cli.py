@@ -19,7 +19,9 @@ FLOWS = Path(__file__).resolve().parent.parent / "flows"
 TOOLS = {
     "serve-env": ("envs.agentgym.server", "serve an environment over AgentGym's HTTP protocol"),
     "services": ("ops.services", "start Prefect's server (UI) and MLflow's server locally"),
+    "deploy": ("ops.deploy", "deploy deployments/prefect.yaml; list its schedules, on or off"),
     "status": ("ops.status", "each stage of a run: cached, would re-run (why) or never run"),
+    "gc": ("ops.gc", "delete what a run's stages parked for other keys (lists it first)"),
 }
 
 

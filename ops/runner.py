@@ -3,6 +3,7 @@ task runner, and open the flow run's MLflow parent run."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -33,11 +34,17 @@ def preflight(cfg) -> ArtifactStore:
     The checks that create nothing come first: a config refused for its tasks or trainer
     settings leaves no MLflow database behind (a local store is created by its check)."""
     store = open_store(cfg.storage_url)
+    from ops.model_checks import check_model_shape
+
+    # Seconds, before trl's import: a Hub id not to be had, frozen layers the model lacks.
+    shape_checked = check_model_shape(cfg)
     check_trainer_settings(cfg)
     check_task_lists(cfg)
     from agents.chat_template import check_model
 
     check_model(cfg.model, cfg.env)  # a Hub id resolves (downloads) now; its template renders
+    if not shape_checked:
+        check_model_shape(cfg)  # the Hub id's config.json is in the Hub cache now
     make_task_runner(cfg)  # a missing prefect-dask / prefect-ray is named now, not mid-run
     check_mlflow(cfg)
     return store
@@ -261,7 +268,7 @@ def start_tracking(cfg, flow_run_id: str | None) -> TrackingRef:
     tracker = Tracker(cfg.mlflow_tracking_uri, cfg.mlflow_experiment)
     name = f"{cfg.run_name}/{flow_run_id or 'local'}"
     run_id = tracker.start(name, tags={"flywheel.run_name": cfg.run_name})
-    tracker.log_params(run_id, {"config": cfg.model_dump_json()})
+    tracker.log_config(run_id, cfg)  # config.yaml and one param per setting
     return TrackingRef(
         tracking_uri=cfg.mlflow_tracking_uri,
         experiment=cfg.mlflow_experiment,
@@ -274,11 +281,26 @@ def stages_flow(body, cfg, store_url: str, tracking: TrackingRef, extra: list | 
     """The stages of one recipe run, as a subflow: its task runner comes from the run's config,
     which a deployment's parameters only give at run time. Stages keep no Prefect results: their
     manifests in the store are the record (flywheel.stage)."""
+    watch_flow_run()
     with stopping_children_on_error():  # before Prefect waits for the stages' threads
         return body(cfg, ArtifactStore(store_url), tracking, *(extra or []))
 
 
-def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None, locked: bool = False):
+def watch_flow_run() -> None:
+    """Have the watchdog set this flow run Crashed if this process is SIGKILLed: Prefect's
+    engine, which reports every other end, dies with it (`flywheel/watchdog.py`)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    if flow_run_id := flow_run.get_id():
+        api_url = str(get_client(sync_client=True).api_url)
+        watchdog().tell(flow_run=[api_url, flow_run_id])
+
+
+def run_tracked(
+    cfg, body, *extra, store: ArtifactStore | None = None, locked: bool = False,
+    attempted: str | None = None,
+):  # fmt: skip
     """Run a recipe's `body(cfg, store, tracking, *extra)` under the flow run's MLflow parent
     run, on the configured task runner. A failure marks the MLflow run failed, leaves a
     Prefect artifact naming the failed stages and where their records are, and is returned as
@@ -286,20 +308,27 @@ def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None, locked: b
     stop (SIGTERM, Ctrl-C) raises.
 
     The run holds its lock in the store (`ops/run_lock.py`) throughout, unless the caller
-    already does (`locked`: a campaign holds it around its whole round)."""
+    already does (`locked`: a campaign holds it around its whole round). Under the lock the
+    flow run is renamed after what it attempts (`attempted`: `round 2` for a campaign's run,
+    all rounds by default) and how many times that was started (`run_title`)."""
     from prefect.runtime import flow_run
 
     store = store or preflight(cfg)
     if not locked:
         with RunLock(store.root, cfg.run_name).hold(cfg.break_lock):
-            return run_tracked(cfg, body, *extra, store=store, locked=True)
+            return run_tracked(cfg, body, *extra, store=store, locked=True, attempted=attempted)
+    attempted = attempted or f"rounds 0-{cfg.rounds}"
+    attempt = count_attempt(store, cfg.run_name, attempted)
+    title = run_title(cfg.run_name, recipe_of(flow_run.get_flow_name()), attempted, attempt)
+    rename_flow_run(title)
     tracking = start_tracking(cfg, flow_run.get_id())
     run_id = tracking.parent_run_id
     watchdog().tell(open_run=[tracking.tracking_uri, run_id])  # KILLED if we are SIGKILLed
+    watch_flow_run()  # and Crashed in Prefect
     started = datetime.now(UTC).isoformat(timespec="seconds")
     stages = stages_flow.with_options(
         name=f"{flow_run.get_flow_name() or 'recipe'}-stages",
-        flow_run_name=f"{cfg.run_name}-stages",
+        flow_run_name=f"{title}, stages",
         task_runner=make_task_runner(cfg),
     )
     try:
@@ -309,11 +338,12 @@ def run_tracked(cfg, body, *extra, store: ArtifactStore | None = None, locked: b
     except BaseException as error:
         failed: list[tuple[FailedStage, str]] = []
         try:
-            failed = report_failed_run(cfg, store, tracking, started, error)
+            failed = report_failed_run(cfg, store, tracking, started, error, title)
         except Exception as report_error:  # the run's own error is the one to raise
             print(f"could not record the failure ({report_error!r})")
         if not isinstance(error, Exception):  # told to stop (SIGTERM, Ctrl-C): stop
             raise
+        log_cause(error, failed)
         return failed_state(error, failed)
     finally:
         watchdog().tell(closed_run=run_id)
@@ -331,6 +361,22 @@ def failed_state(error: Exception, failed: list[tuple[FailedStage, str]]):
     return Failed(message=failure_summary(error, [record for record, _ in failed]), data=error)
 
 
+def log_cause(error: Exception, failed: list[tuple[FailedStage, str]]) -> None:
+    """The cause as an ERROR line of the flow run's own logs, the tab its page opens on: the
+    stage's traceback is in the stages subflow's logs, collapsed on that page."""
+    from prefect.context import FlowRunContext
+    from prefect.logging import get_run_logger
+
+    if FlowRunContext.get() is None:
+        return
+    summary = failure_summary(error, [record for record, _ in failed])
+    where = [
+        f"record {url}" + "".join(f", log {log}" for log in logs_of(record))
+        for record, url in failed
+    ]
+    get_run_logger().error("\n".join([f"Failed: {summary}", *where]))
+
+
 def failure_summary(error: BaseException, failed: list[FailedStage]) -> str:
     """`<stage>/<label>: <cause>` for the first failed stage (`and N more failed stages`), or
     the error's own cause where no stage failed (before or between stages)."""
@@ -342,9 +388,10 @@ def failure_summary(error: BaseException, failed: list[FailedStage]) -> str:
 
 
 def report_failed_run(
-    cfg, store: ArtifactStore, tracking: TrackingRef, started: str, error
+    cfg, store: ArtifactStore, tracking: TrackingRef, started: str, error, title: str = ""
 ) -> list[tuple[FailedStage, str]]:
-    """Mark the run's MLflow run failed, leave the Prefect artifact naming the failed stages;
+    """Mark the run's MLflow run failed, leave the Prefect artifact naming the failed stages,
+    headed by the stage and its cause (the flow run's first artifact, the one its page shows);
     the failed stages' records (this run's), each with its URL."""
     from prefect.artifacts import create_markdown_artifact
 
@@ -361,10 +408,11 @@ def report_failed_run(
             record = FailedStage.model_validate_json(store.read_text(url))
             if record.failed_at >= started:  # this run's, not an older run's
                 failed.append((record, url))
+    summary = failure_summary(error, [record for record, _ in failed])
     lines = [
-        f"# Run `{cfg.run_name}` failed",
+        f"# Failed: {plain_markdown(summary)}",
         "",
-        plain_markdown(headline(message)),
+        f"Run `{cfg.run_name}` failed{f' ({title})' if title else ''}:",
         "",
         *fenced(message),
         "",
@@ -377,7 +425,7 @@ def report_failed_run(
     create_markdown_artifact(
         "\n".join(lines),
         key=artifact_key(f"{cfg.run_name}-failed"),
-        description=plain_markdown(f"{cfg.run_name} failed: {headline(message)}"),
+        description=plain_markdown(summary),  # a card shows ~45 characters: the cause first
     )
     return failed
 
@@ -387,9 +435,13 @@ NO_FAILED_STAGE = "- (none recorded: the failure came before or between stages)"
 
 def failed_stage_line(record: FailedStage, url: str) -> str:
     """`dpo`: the cause (plain text), where the record and the stage's log are."""
-    logs = [u for u in record.partial_outputs if u.endswith(".log")]
-    where = f"record `{url}`" + "".join(f", log `{log}`" for log in logs)
+    where = f"record `{url}`" + "".join(f", log `{log}`" for log in logs_of(record))
     return f"- `{record.stage}`: {plain_markdown(headline(record.message))} ({where})"
+
+
+def logs_of(record: FailedStage) -> list[str]:
+    """The failed stage's logs kept in the store (the trainer's `train.log`)."""
+    return [u for u in record.partial_outputs if u.endswith(".log")]
 
 
 def mark_run_failure_superseded(cfg) -> None:
@@ -411,6 +463,52 @@ def mark_run_failure_superseded(cfg) -> None:
         key=key,
         description=plain_markdown(f"superseded: {cfg.run_name} re-run succeeded at {now}"),
     )
+
+
+ATTEMPTS_FILE = ".flywheel-attempts.json"  # in the run's folder: starts of each part of the run
+
+
+def count_attempt(store: ArtifactStore, run_name: str, attempted: str) -> int:
+    """Count one more start of `attempted` (`round 2`, `rounds 0-3`) of the run, and return
+    the count (1 the first time). Kept in the run's folder, beside its stages: it spans Prefect
+    servers and machines as the run does (Prefect's own `run_count` counts retries of one flow
+    run, and a re-run is a new flow run). Callers hold the run's lock, so no two count at once.
+    0 when the store will not keep the count: a name is no reason to fail a run."""
+    url = store.url(run_name, ATTEMPTS_FILE)
+    try:
+        counts = json.loads(store.read_text(url)) if store.exists(url) else {}
+        counts[attempted] = counts.get(attempted, 0) + 1
+        store.write_text(url, json.dumps(counts, indent=2, sort_keys=True))
+    except (OSError, ValueError) as error:
+        print(f"warning: could not count this attempt in {url} ({error!r})")
+        return 0
+    return counts[attempted]
+
+
+def run_title(run_name: str, recipe: str, attempted: str, attempt: int) -> str:
+    """A flow run's name: `eto-textcraft, eto, round 2, attempt 3`, so that the UI's lists
+    tell a campaign's rounds and a run's re-runs apart. Plain ASCII: the run graph's canvas
+    font has no `·` (seen in Chromium)."""
+    return ", ".join([run_name, recipe, attempted, f"attempt {attempt or '?'}"])
+
+
+def recipe_of(flow_name: str | None) -> str:
+    """The recipe a flow runs: `eto` for the `eto` and `eto-campaign` flows."""
+    return (flow_name or "recipe").removesuffix("-campaign")
+
+
+def rename_flow_run(name: str) -> None:
+    """Give the current flow run `name`: Prefect names it when it starts, before the run's
+    round and attempt are known (they are read from the store under the run's lock)."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:  # called outside a flow run
+        return
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(context.flow_run.id, name=name)
+    context.flow_run.name = name
 
 
 def run_named(config_class):

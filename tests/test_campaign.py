@@ -116,8 +116,8 @@ class Recorder:
                 yield
                 events.append(("lock freed",))
 
-        def tracked(cfg, next_round, campaign, *extra, store, locked):
-            events.append(("tracked", store is self.store, locked, *extra))
+        def tracked(cfg, next_round, campaign, *extra, store, locked, attempted):
+            events.append(("tracked", store is self.store, locked, attempted, *extra))
             return next_round(cfg, store, "tracking", campaign, *extra)
 
         monkeypatch.setattr(campaign_module, "preflight", lambda cfg: store)
@@ -142,7 +142,7 @@ def test_a_campaign_run_publishes_one_round_under_its_slot_and_lock(tmp_path, mo
                           "flow_run_id": None, "published_at": "t"}  # fmt: skip
     assert recorder.events == [
         ("slot", store.root, "camp"), ("lock", store.root, "camp"), ("hold", True),
-        ("tracked", True, True), ("lock freed",), ("slot freed",),
+        ("tracked", True, True, "round 0"), ("lock freed",), ("slot freed",),
     ]  # fmt: skip
     assert capsys.readouterr().out == "campaign 'camp': published round 0\n"
     saved = store.url("camp", "campaign.json")
@@ -166,7 +166,7 @@ def test_a_campaign_run_publishes_one_round_under_its_slot_and_lock(tmp_path, mo
     )
     assert done.is_completed() and done.message == message and done.data is None
     assert capsys.readouterr().out == message + "\n"
-    assert ("tracked", True, True) not in recorder.events
+    assert not [event for event in recorder.events if event[0] == "tracked"]
     assert len(load_campaign(store, "camp", "eto").rounds) == 2
 
 
@@ -185,7 +185,7 @@ def test_a_round_is_published_as_json_and_the_recipe_gets_its_extra_arguments(
 
     cfg = SimpleNamespace(run_name="camp", rounds=0, break_lock=False)
     state = run_campaign(cfg, "eto", evaluated_round, "sft")
-    assert ("tracked", True, True, "sft") in recorder.events
+    assert ("tracked", True, True, "round 0", "sft") in recorder.events
     # Prefect keeps the state's data as JSON: pairs as lists, the manifest as a plain dict
     assert state.data["evaluations"] == [["sft", evaluation.model_dump(mode="json")]]
     assert json.loads(json.dumps(state.data)) == state.data

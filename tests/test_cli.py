@@ -21,7 +21,8 @@ def test_the_shipped_recipes_and_tools_are_listed(capsys):
     assert main(["--help"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[3:]]
     assert listed == [
-        "agent-r", "agent-r1", "et-agent", "eto", "serve-env", "services", "status"
+        "agent-r", "agent-r1", "et-agent", "eto", "serve-env", "services", "deploy", "status",
+        "gc",
     ]  # fmt: skip
     assert main(["no-such-command"]) == 2
 

@@ -332,3 +332,37 @@ def test_a_failed_runs_state_message_leads_with_the_stage_and_its_cause(tmp_path
         assert (state.message, stored.message, stored.type.value) == (message, message, "FAILED")
         with pytest.raises(error):  # the error itself is kept
             state.result()
+        # The run's page: its first artifact and its own logs lead with the same message.
+        run_id = state.state_details.flow_run_id
+        first = first_artifact(run_id)
+        assert rendered_text(first.data.splitlines()[0]) == f"Failed: {message}"
+        assert rendered_text(first.description) == message
+        assert f"Failed: {message}" in error_logs(run_id)
+
+
+def first_artifact(flow_run_id):
+    """The flow run's own first artifact, as its Artifacts tab lists them (the record of a
+    persisted result, with no type, is not shown there)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    return min((a for a in found if a.type), key=lambda artifact: artifact.created)
+
+
+def error_logs(flow_run_id) -> list[str]:
+    """The first lines of the flow run's own ERROR logs (not its subflows')."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterLevel
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=30)  # logs reach the API in batches: send the queued ones
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(
+            LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]),
+                      level=LogFilterLevel(ge_=40))
+        )  # fmt: skip
+    return [log.message.splitlines()[0] for log in logs]
