@@ -33,8 +33,9 @@ SEE_ALSO = re.compile(r"^as in (\w+)$")
 class SettingDoc:
     """One settable key: `dpo.beta`, its type, its default and what it does."""
 
-    def __init__(self, key: str, type_name: str, default: Any, doc: str):
+    def __init__(self, key: str, type_name: str, default: Any, doc: str, owner: str = ""):
         self.key, self.type_name, self.default, self.doc = key, type_name, default, doc
+        self.owner = owner  # the settings class the key's section is
 
     def __repr__(self) -> str:
         return f"SettingDoc({self.key!r}, {self.type_name!r}, {self.default!r}, {self.doc!r})"
@@ -52,8 +53,12 @@ def walk(model: type[BaseModel], defaults: dict, prefix: str):
         if nested is not None and isinstance(defaults.get(name), dict):
             yield from walk(nested, defaults[name], f"{prefix}{name}.")
             continue
-        doc = field.description or field_doc(model, name)
-        yield SettingDoc(f"{prefix}{name}", type_name(field.annotation), defaults.get(name), doc)
+        doc = first_sentence(field.description or "") or field_doc(model, name)
+        setting = SettingDoc(
+            f"{prefix}{name}", type_name(field.annotation), defaults.get(name), doc
+        )
+        setting.owner = model.__name__
+        yield setting
 
 
 def section_docs(config_class: type[BaseModel]) -> dict[str, str]:
@@ -155,17 +160,83 @@ def shown_value(value: Any) -> str:
     return json.dumps(value)
 
 
-def settings_help(config_class: type[BaseModel]) -> str:
-    """The `--help` listing: each section's summary, then its keys with type = default and
-    their documentation as a trailing `# comment`."""
-    sections = section_docs(config_class)
-    lines, section = [], ""
-    top_level_first = sorted(setting_docs(config_class), key=lambda s: "." in s.key)
-    for setting in top_level_first:
-        here = setting.key.rsplit(".", 1)[0] if "." in setting.key else ""
-        if here != section:
-            section = here
-            lines += ["", f"{section}: {sections.get(section, '')}".rstrip()]
-        line = f"  {setting.key} ({setting.type_name}) = {shown_value(setting.default)}"
-        lines.append(f"{line}  # {setting.doc}" if setting.doc else line)
+def settings_help(
+    config_class: type[BaseModel], values: dict | None = None, sections: list[str] | None = None
+) -> str:
+    """The settings listing: each section's summary once, then its keys with type = value and
+    their documentation as a trailing `# comment`. `values` (a config's `model_dump(mode="json")`)
+    shows what a config file and overrides set instead of the class defaults; `sections` keeps
+    only those sections (and the sections below them)."""
+    summaries = section_docs(config_class)
+    by_section: dict[str, list[SettingDoc]] = {}
+    for setting in setting_docs(config_class):
+        section = setting.key.rsplit(".", 1)[0] if "." in setting.key else ""
+        by_section.setdefault(section, []).append(setting)
+    lines = []
+    for section, settings in by_section.items():
+        if sections is not None and not any(
+            section == s or section.startswith(s + ".") for s in sections
+        ):
+            continue
+        if section:
+            lines += ["", f"{section}: {summaries.get(section, '')}".rstrip()]
+        for setting in settings:
+            value = lookup(values, setting.key) if values is not None else setting.default
+            line = f"  {setting.key} ({setting.type_name}) = {shown_value(value)}"
+            lines.append(f"{line}  # {setting.doc}" if setting.doc else line)
+        lines += trl_lines(section, settings)
     return "\n".join(lines).lstrip("\n")
+
+
+def sections_summary(config_class: type[BaseModel]) -> str:
+    """One line per section: its name, how many settings it has, and its summary."""
+    counts: dict[str, int] = {}
+    for setting in setting_docs(config_class):
+        if "." in setting.key:
+            section = setting.key.split(".", 1)[0]
+            counts[section] = counts.get(section, 0) + 1
+    summaries = section_docs(config_class)
+    return "\n".join(
+        f"  {name:<13} {count:>3} settings  {summaries.get(name, '')}".rstrip()
+        for name, count in counts.items()
+    )
+
+
+def lookup(values: dict, key: str):
+    for part in key.split("."):
+        values = values.get(part) if isinstance(values, dict) else None
+    return values
+
+
+# The trl configs a trainer section's `trl_args` go to (training/job.py builds them).
+TRL_CONFIGS = {"SFTSettings": "SFTConfig", "DPOSettings": "DPOConfig"}
+
+
+def trl_lines(section: str, settings: list[SettingDoc]) -> list[str]:
+    """For a section with `trl_args`: the fields of trl's own config class (not those of
+    transformers' TrainingArguments it extends) that trl_args may set, with trl's defaults."""
+    if not any(s.key == f"{section}.trl_args" for s in settings):
+        return []
+    owner = section_class(settings)
+    trl_name = TRL_CONFIGS.get(owner, "")
+    if not trl_name:
+        return []
+    import dataclasses
+
+    import transformers
+    import trl
+
+    trl_class = getattr(trl, trl_name)
+    inherited = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    own = [f for f in dataclasses.fields(trl_class) if f.name not in inherited]
+    shown = ", ".join(
+        f"{f.name}={shown_value(f.default)}" for f in own if f.default is not dataclasses.MISSING
+    )
+    return [
+        f"  ({section}.trl_args: any field of trl.{trl_name} or transformers' TrainingArguments "
+        f"that no setting above covers; trl.{trl_name}'s own: {shown})"
+    ]
+
+
+def section_class(settings: list[SettingDoc]) -> str:
+    return settings[0].owner if settings else ""

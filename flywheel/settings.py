@@ -604,9 +604,9 @@ class RLSettings(TrainerSettings):
 
     # How advantages are computed (see the class docstring).
     estimator: Literal["grpo", "dr-grpo", "rloo", "reinforce++", "ppo", "gigpo"] = "grpo"
-    # GiGPO: the weight of the step advantage beside the episode's (the paper's omega, 1), and
-    # the discount of a turn's return: gamma^(turns after it) x the episode's reward (0.95).
+    # GiGPO: the weight of the step advantage beside the episode's (the paper's omega, 1).
     gigpo_step_weight: float = Field(default=1.0, ge=0)
+    # GiGPO: a turn's return is gigpo_gamma^(turns after it) x the episode's reward (0.95).
     gigpo_gamma: float = Field(default=0.95, gt=0, le=1)
     learning_rate: float = Field(default=1e-6, gt=0)  # Agent-R1's actor learning rate
     # Passes over the trajectories; the advantages and the old log-probabilities stay fixed.

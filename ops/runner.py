@@ -559,17 +559,27 @@ def cli_main(
     import sys
 
     from flywheel.config_files import load_config
-    from flywheel.setting_docs import settings_help
+    from flywheel.setting_docs import sections_summary, settings_help
 
+    argv = sys.argv[1:] if argv is None else argv
+    values, source = help_values(config_class, argv)
     parser = argparse.ArgumentParser(
         prog=prog,
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"Overrides use dotted keys, e.g. {example} storage_url=s3://bucket/runs; a "
-        "config file sets the same keys as nested YAML.\n\nSettings (key (type) = default  "
-        f"# what it does):\n\n{settings_help(config_class)}",
+        "config file sets the same keys as nested YAML.\n\n"
+        f"Settings (key (type) = value  # what it does), the values from {source}:\n\n"
+        f"{settings_help(config_class, values, sections=[''])}\n\n"
+        f"Sections (`--settings SECTION ...` lists their settings; `--settings` all):\n\n"
+        f"{sections_summary(config_class)}",
     )
     parser.add_argument("--config", help="YAML config file (defaults apply where it is silent)")
+    parser.add_argument(
+        "--settings", nargs="*", metavar="SECTION",
+        help="list every setting of these sections (all without one), with the values --config "
+        "and the overrides give them, and exit",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="settings to override")
     parser.add_argument(
         "--print-config",
@@ -587,7 +597,10 @@ def cli_main(
         action="store_true",
         help="take the run's lock even if another process seems to hold it (break_lock=true)",
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
+    if args.settings is not None:
+        print(settings_help(config_class, values, sections=args.settings or None))
+        return 0
     campaign = getattr(args, "campaign", False)
     if campaign:
         flow_function = campaign_flow
@@ -611,6 +624,27 @@ def cli_main(
         print(f"error: {state.message}", file=sys.stderr)
         return 1
     return 0
+
+
+def help_values(config_class, argv) -> tuple[dict | None, str]:
+    """The values `--config` and the overrides in `argv` give every setting, for the help (the
+    class defaults where they do not load: the run itself then says why)."""
+    from flywheel.config_files import load_config
+
+    config, overrides = None, [a for a in argv if "=" in a and not a.startswith("-")]
+    for position, arg in enumerate(argv):
+        if arg == "--config" and position + 1 < len(argv):
+            config = argv[position + 1]
+        elif arg.startswith("--config="):
+            config = arg.split("=", 1)[1]
+    if config is None and not overrides:
+        return None, "the defaults"
+    try:
+        cfg = load_config(config_class, config, overrides)
+    except Exception as error:  # the help still shows; the run reports the error itself
+        return None, f"the defaults ({config or 'the overrides'} did not load: {error})"
+    given = " and the overrides" if overrides else ""
+    return cfg.model_dump(mode="json"), f"{config or 'the defaults'}{given}"
 
 
 def config_yaml(cfg) -> str:

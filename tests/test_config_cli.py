@@ -4,6 +4,7 @@ naming what to change, never a traceback: through the recipes' real entry (`flow
 from __future__ import annotations
 
 import importlib.util
+import re
 import time
 
 import pytest
@@ -19,20 +20,43 @@ from flywheel.setting_docs import class_comments, first_sentence, setting_docs, 
 RECIPE_CONFIGS = [ETOConfig, AgentRConfig, AgentR1Config, ETAgentConfig]
 
 
-def test_help_lists_every_key_with_its_type_default_and_doc(capsys):
+def listed_keys(out: str) -> list[str]:
+    """The keys of `  key (type) = value` lines."""
+    return re.findall(r"^  (\S+) \([^)]*\) = ", out, re.M)
+
+
+def test_help_lists_the_top_level_settings_and_each_section_once(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    listed = [
-        line.split()[0] for line in out.splitlines() if line.startswith("  ") and " = " in line
-    ]
-    assert sorted(listed) == sorted(setting_keys(ETOConfig))
+    assert sorted(listed_keys(out)) == sorted(k for k in setting_keys(ETOConfig) if "." not in k)
+    sections = [line.split()[0] for line in out.split("Sections (")[1].splitlines()[2:]]
+    assert sections == ["model", "env", "inference", "evaluate", "sft", "dpo", "explore"]
+    assert "  dpo            21 settings  ETO's DPO step" in out
+
+
+def test_settings_lists_every_key_with_its_type_value_and_doc_under_one_header(capsys):
+    assert main(["--settings"]) == 0
+    out = capsys.readouterr().out
+    assert sorted(listed_keys(out)) == sorted(setting_keys(ETOConfig))
     assert "  dpo.beta (float) = 0.1  # DPO's beta: how far the policy" in out
     assert "  explore.shards (int) = 2  # mapped Prefect tasks\n" in out
     assert "  env.qa.format (tags | json) = tags  # How replies call tools" in out
     assert "  env.train_tasks (int | null) = null  # Train tasks used (None = all of the" in out
     assert "\ndpo: ETO's DPO step; defaults are ETO's (beta 0.1, learning rate 1e-6).\n" in out
+    headers = [line.split(":")[0] for line in out.splitlines() if line and line[0] != " "]
+    assert len(headers) == len(set(headers)), "a section's header twice"
+    assert "(dpo.trl_args: any field of trl.DPOConfig" in out and "loss_type=" in out
+
+
+def test_settings_shows_the_values_a_config_and_overrides_give(capsys, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("dpo:\n  beta: 0.3\n")
+    assert main(["--config", str(config), "dpo.epochs=2", "--settings", "dpo"]) == 0
+    out = capsys.readouterr().out
+    assert "  dpo.beta (float) = 0.3  #" in out and "  dpo.epochs (float) = 2.0  #" in out
+    assert "dpo.lora.rank" in out and "sft.epochs" not in out  # dpo and the sections below it
 
 
 @pytest.mark.parametrize("config_class", RECIPE_CONFIGS, ids=lambda c: c.__name__)
