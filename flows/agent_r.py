@@ -37,14 +37,18 @@ class PathSettings(Strict):
     """Which root-to-leaf paths become training data. Scores are rewards normalised to [0, 1]
     per environment, so the thresholds mean the same on every environment."""
 
-    # Round r pairs only good leaves scoring at least alpha[r-1] (the last value after that).
-    # "At least", not "above": on TextCraft's {0, 1} rewards alpha 1.0 must admit a solved task.
     alpha: list[float] = Field(default_factory=lambda: [0.5, 0.7, 1.0], min_length=1)
-    beta: float = Field(default=0.2, ge=0)  # the good leaf must beat the bad one by more than this
-    max_pairs_per_task: int = Field(default=4, ge=1)  # bad/good path pairs kept per tree
-    max_good_per_task: int = Field(default=2, ge=0)  # good paths kept per tree
-    # Train each round on the good paths too, next to the revisions (Agent-R collects both).
+    """Round r pairs only good leaves scoring at least alpha[r-1] (the last value after that). "At
+    least", not "above": on TextCraft's {0, 1} rewards alpha 1.0 must admit a solved task.
+    """
+    beta: float = Field(default=0.2, ge=0)
+    """the good leaf must beat the bad one by more than this"""
+    max_pairs_per_task: int = Field(default=4, ge=1)
+    """bad/good path pairs kept per tree"""
+    max_good_per_task: int = Field(default=2, ge=0)
+    """good paths kept per tree"""
     include_good_paths: bool = True
+    """Train each round on the good paths too, next to the revisions (Agent-R collects both)."""
 
     @field_validator("alpha")
     @classmethod
@@ -64,10 +68,10 @@ class GeneralDataSettings(Strict):
     """General instruction data mixed into Agent-R's revision SFT, so the policy keeps its
     general abilities (the paper's eta = 0.2). Off when `eta` is 0 or `file` is "none"."""
 
-    # Share of general examples in each revision SFT set: eta / (1 - eta) per trajectory.
     eta: float = Field(default=0.2, ge=0, lt=1)
-    # JSON lines of {"instruction": ..., "response": ...}; "" is the small shipped set.
+    """Share of general examples in each revision SFT set: eta / (1 - eta) per trajectory."""
     file: str = ""
+    """JSON lines of {"instruction": ..., "response": ...}; "" is the small shipped set."""
 
     @property
     def enabled(self) -> bool:
@@ -96,9 +100,11 @@ class AgentRConfig(RecipeConfig):
     mcts: MCTSSettings = Field(default_factory=MCTSSettings)
     paths: PathSettings = Field(default_factory=PathSettings)
     critique: CritiqueSettings = Field(default_factory=CritiqueSettings)
-    revision_sft: SFTSettings = Field(default_factory=SFTSettings)  # each round's SFT
+    revision_sft: SFTSettings = Field(default_factory=SFTSettings)
+    """each round's SFT"""
     general: GeneralDataSettings = Field(default_factory=GeneralDataSettings)
-    baselines: bool = True  # train and evaluate Direct-Revision and good-paths-only
+    baselines: bool = True
+    """train and evaluate Direct-Revision and good-paths-only"""
 
 
 class AgentR(Recipe):

@@ -41,23 +41,29 @@ class SampleSettings(RoundSlices):
     """Agent-R1's rollouts each round: a group of episodes per train question, sampled with the
     log-probabilities the trainer's importance ratio needs."""
 
-    samples_per_task: int = Field(default=4, ge=2)  # the group a group-relative baseline uses
-    # The train questions the rounds sample from, in a seeded order: all of them, or the warm
-    # start's only (more solved episodes there, 10.4% against 4.7% at temperature 1, yet the
-    # demo's RL round gained less from them: +1.7 points against +3.3; README).
+    samples_per_task: int = Field(default=4, ge=2)
+    """the group a group-relative baseline uses"""
     questions: Literal["warm-start", "all"] = "all"
-    # Which of them round n samples: "none" takes the next `tasks_per_round` of the seeded order;
-    # "tool-calls" the next ones among those whose reference solution needs at most the n-th
-    # smallest number of tool calls (easy first, so early groups mix successes and failures; the
-    # last level admits every question).
+    """The train questions the rounds sample from, in a seeded order: all of them, or the warm
+    start's only (more solved episodes there, 10.4% against 4.7% at temperature 1, yet the demo's
+    RL round gained less from them: +1.7 points against +3.3; README).
+    """
     curriculum: Literal["none", "tool-calls"] = "none"
-    temperature: float = Field(default=1.0, gt=0)  # the RL trainer's log-probs assume this too
-    # DAPO's dynamic sampling: while a round's groups hold fewer than this many with both a
-    # success and a failure, sample the next slice of questions too (a sample stage each), up to
-    # `max_slices` slices a round; the RL update trains on all of them. 0: one slice a round.
-    # Round n takes slices (n-1) * max_slices + 1, ..., so rounds never share a slice.
+    """Which of them round n samples: "none" takes the next `tasks_per_round` of the seeded order;
+    "tool-calls" the next ones among those whose reference solution needs at most the n-th
+    smallest number of tool calls (easy first, so early groups mix successes and failures; the
+    last level admits every question).
+    """
+    temperature: float = Field(default=1.0, gt=0)
+    """the RL trainer's log-probs assume this too"""
     min_mixed_groups: int = Field(default=0, ge=0)
-    max_slices: int = Field(default=4, ge=1)  # at most this many slices a round (dynamic sampling)
+    """DAPO's dynamic sampling: while a round's groups hold fewer than this many with both a success
+    and a failure, sample the next slice of questions too (a sample stage each), up to
+    `max_slices` slices a round; the RL update trains on all of them. 0: one slice a round. Round
+    n takes slices (n-1) * max_slices + 1, ..., so rounds never share a slice.
+    """
+    max_slices: int = Field(default=4, ge=1)
+    """at most this many slices a round (dynamic sampling)"""
 
     @model_validator(mode="after")
     def _dynamic_sampling_needs_slices(self):

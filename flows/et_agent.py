@@ -53,12 +53,15 @@ class ETAgentConfig(ToolRecipeConfig):
     Pareto-selected → efficiency-rewarded → RL, each stage from the last one's policy."""
 
     run_name: str = "et-agent-qa"
-    rounds: int = Field(default=2, ge=0)  # curriculum stages
-    # Train questions the evolve stage rolls out and evolves (a seeded slice of all of them).
+    rounds: int = Field(default=2, ge=0)
+    """curriculum stages"""
     evolve_tasks: int = Field(default=64, ge=1)
-    rft: SFTSettings = Field(default_factory=SFTSettings)  # SFT on the evolved trajectories
-    # K = 8 episodes per question, stages easy first; a `sample` section changes only what it names
+    """Train questions the evolve stage rolls out and evolves (a seeded slice of all of them)."""
+    rft: SFTSettings = Field(default_factory=SFTSettings)
+    """SFT on the evolved trajectories"""
     sample: SampleSettings = Field(default_factory=lambda: SampleSettings(**PAPER_SAMPLING))
+    """K = 8 episodes per question, stages easy first; a `sample` section changes only what it names
+    """
     calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
     evolve: EvolveSettings = Field(default_factory=EvolveSettings)
 

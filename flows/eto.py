@@ -29,9 +29,12 @@ from tasks.explore import ExploreInputs, explore_stage, shard
 class ExploreSettings(RoundSlices):
     """Exploration of the train tasks; ETO explores each task once, greedily."""
 
-    temperature: float = Field(default=0.0, ge=0)  # 0 explores greedily
-    samples_per_task: int = Field(default=1, ge=1)  # episodes per train task
-    shards: int = Field(default=2, ge=1)  # mapped Prefect tasks
+    temperature: float = Field(default=0.0, ge=0)
+    """0 explores greedily"""
+    samples_per_task: int = Field(default=1, ge=1)
+    """episodes per train task"""
+    shards: int = Field(default=2, ge=1)
+    """mapped Prefect tasks"""
 
 
 class ETOConfig(RecipeConfig):

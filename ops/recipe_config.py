@@ -27,32 +27,41 @@ from flywheel.settings import (
 class RecipeConfig(Strict):
     """What every recipe run has: where it stores and tracks, its model, environment, inference."""
 
-    run_name: str = "flywheel"  # the run's folder in the store, its lock and its MLflow runs' names
-    storage_url: str = "runs"  # local folder or any fsspec URL (s3://bucket/prefix)
-    # MLflow's own MLFLOW_TRACKING_URI when set (a tracking server), else a local sqlite file.
+    run_name: str = "flywheel"
+    """the run's folder in the store, its lock and its MLflow runs' names"""
+    storage_url: str = "runs"
+    """local folder or any fsspec URL (s3://bucket/prefix)"""
     mlflow_tracking_uri: str = Field(
         default_factory=lambda: os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
     )
-    mlflow_experiment: str = "flywheel"  # MLflow experiment the runs are logged under
-    # Where stages run: threads in the flow's process, or Dask / Ray worker processes.
+    """MLflow's own MLFLOW_TRACKING_URI when set (a tracking server), else a local sqlite file."""
+    mlflow_experiment: str = "flywheel"
+    """MLflow experiment the runs are logged under"""
     task_runner: Literal["threads", "dask", "ray"] = "threads"
-    # A running cluster for dask/ray (`tcp://scheduler:8786`, `ray://head:10001`); unset starts a
-    # local cluster of worker processes on this machine.
+    """Where stages run: threads in the flow's process, or Dask / Ray worker processes."""
     task_runner_address: str | None = None
-    rounds: int = Field(default=2, ge=0)  # rounds after round 0 (the starting policy)
-    seed: int = 0  # seeds task order, sampling and training
-    # Take the run's lock (ops/run_lock.py) even from a holder that looks alive: for a run
-    # whose process is gone but whose lock has not gone stale yet (`--break-lock`).
+    """A running cluster for dask/ray (`tcp://scheduler:8786`, `ray://head:10001`); unset starts a
+    local cluster of worker processes on this machine.
+    """
+    rounds: int = Field(default=2, ge=0)
+    """rounds after round 0 (the starting policy)"""
+    seed: int = 0
+    """seeds task order, sampling and training"""
     break_lock: bool = False
+    """Take the run's lock (ops/run_lock.py) even from a holder that looks alive: for a run whose
+    process is gone but whose lock has not gone stale yet (`--break-lock`).
+    """
     model: ModelSettings = Field(default_factory=ModelSettings)
     env: EnvSettings = Field(default_factory=EnvSettings)
     inference: InferenceSettings = Field(default_factory=InferenceSettings)
     evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings)
-    sft: SFTSettings = Field(default_factory=SFTSettings)  # SFT on expert trajectories
-    # Expert trajectories to start from instead of the environment's expert: a published file in
-    # ETO's SFT or AgentGym's AgentTraj format (agents/trajectory_import.py). A plain path
-    # becomes a file:// URL, so the expert stage's cache keys on the file's content.
+    sft: SFTSettings = Field(default_factory=SFTSettings)
+    """SFT on expert trajectories"""
     expert_file: str | None = None
+    """Expert trajectories to start from instead of the environment's expert: a published file in
+    ETO's SFT or AgentGym's AgentTraj format (agents/trajectory_import.py). A plain path becomes
+    a file:// URL, so the expert stage's cache keys on the file's content.
+    """
 
     @model_validator(mode="after")
     def _validation_split_exists(self):

@@ -28,29 +28,38 @@ class CalibrationSettings(Strict):
     """ET-Agent's behaviour calibration: which sampled groups an RL update trains on (group-wise
     Pareto sampling) and the efficiency reward they earn (`training/efficiency.py`)."""
 
-    # "efficiency": ET-Agent's selection and reward; "plain": every sampled group with the
-    # environment's own reward (Agent-R1's GRPO on the same samples: the comparison).
     method: Literal["efficiency", "plain"] = "efficiency"
-    # Groups Pareto sampling keeps at most per iteration (before the mixed-result filter);
-    # None: half the sampled groups.
+    """"efficiency": ET-Agent's selection and reward; "plain": every sampled group with the
+    environment's own reward (Agent-R1's GRPO on the same samples: the comparison).
+    """
     budget: int | None = Field(default=None, ge=1)
-    sigma_tool: float = Field(default=0.2, ge=0)  # sharpness of the tool-call factor
-    sigma_length: float = Field(default=0.5, ge=0)  # sharpness of the length factor
-    # Correctness in the reward and in the Pareto objectives: token F1 (the paper's for QA) or
-    # exact match; a rollout above `success_threshold` is a success.
+    """Groups Pareto sampling keeps at most per iteration (before the mixed-result filter); None:
+    half the sampled groups.
+    """
+    sigma_tool: float = Field(default=0.2, ge=0)
+    """sharpness of the tool-call factor"""
+    sigma_length: float = Field(default=0.5, ge=0)
+    """sharpness of the length factor"""
     correctness: Literal["f1", "exact_match"] = "f1"
-    success_threshold: float = Field(default=0.8, ge=0, lt=1)  # correctness above this is a success
-    # Sample → select → RL iterations per curriculum stage; both sigmas fall linearly to 0 over
-    # them and start again at the next stage.
+    """Correctness in the reward and in the Pareto objectives: token F1 (the paper's for QA) or
+    exact match; a rollout above `success_threshold` is a success.
+    """
+    success_threshold: float = Field(default=0.8, ge=0, lt=1)
+    """correctness above this is a success"""
     iterations: int = Field(default=1, ge=1)
+    """Sample → select → RL iterations per curriculum stage; both sigmas fall linearly to 0 over
+    them and start again at the next stage.
+    """
 
 
 class CalibrateInputs(BaseModel):
     """One iteration's sampled groups and where in its curriculum stage the iteration is."""
 
-    data_url: str  # `Trajectory` records with group ids (a sample stage's)
+    data_url: str
+    """`Trajectory` records with group ids (a sample stage's)"""
     settings: CalibrationSettings
-    iteration: int  # 0-based, within the curriculum stage: sigma falls over the iterations
+    iteration: int
+    """0-based, within the curriculum stage: sigma falls over the iterations"""
 
 
 def correctness_of(trajectory: Trajectory, measure: str) -> float:

@@ -53,15 +53,18 @@ class CritiqueSettings(Strict):
     often leaves out (the step then has none).
     """
 
-    # Likelihood or generate (see the class docstring).
     method: Literal["likelihood", "generate"] = "likelihood"
-    max_tokens: int = Field(default=64, ge=1)  # per generated judgement (method generate)
-    history_steps: int = Field(default=6, ge=0)  # earlier steps shown before the judged one
-    # likelihood: the verdicts scored. Without "uncertain" the model must pick good or bad.
+    """Likelihood or generate (see the class docstring)."""
+    max_tokens: int = Field(default=64, ge=1)
+    """per generated judgement (method generate)"""
+    history_steps: int = Field(default=6, ge=0)
+    """earlier steps shown before the judged one"""
     verdicts: list[Literal["good", "bad", "uncertain"]] = ["good", "bad", "uncertain"]
-    # likelihood: a winner at most this many nats (log-probability) ahead of the runner-up is
-    # a close call and becomes "uncertain" (the path goes on); 0 maps only exact ties.
+    """likelihood: the verdicts scored. Without "uncertain" the model must pick good or bad."""
     margin: float = Field(default=0.0, ge=0.0)
+    """likelihood: a winner at most this many nats (log-probability) ahead of the runner-up is a
+    close call and becomes "uncertain" (the path goes on); 0 maps only exact ties.
+    """
 
     @field_validator("verdicts")
     @classmethod
@@ -74,14 +77,16 @@ class CritiqueSettings(Strict):
             raise ValueError("critique.verdicts must include bad, or no first error is found")
         return verdicts
 
-    # likelihood: contextual calibration (Zhao et al. 2021). "content_free" subtracts from each
-    # verdict's log-probability the one the model gives to the same prompt with the judged step
-    # replaced by "N/A" (its prior for that context), then picks the verdict; "none" does not.
     calibration: Literal["none", "content_free"] = "none"
-    # Which judged step is the first error: "first_bad", the first step whose verdict is Bad
-    # (Agent-R; judging stops there); "most_bad" (likelihood), every step is judged and the one
-    # with the highest P(Bad) (after calibration, normalised over the verdicts) is the error.
+    """likelihood: contextual calibration (Zhao et al. 2021). "content_free" subtracts from each
+    verdict's log-probability the one the model gives to the same prompt with the judged step
+    replaced by "N/A" (its prior for that context), then picks the verdict; "none" does not.
+    """
     locate: Literal["first_bad", "most_bad"] = "first_bad"
+    """Which judged step is the first error: "first_bad", the first step whose verdict is Bad
+    (Agent-R; judging stops there); "most_bad" (likelihood), every step is judged and the one
+    with the highest P(Bad) (after calibration, normalised over the verdicts) is the error.
+    """
 
     @model_validator(mode="after")
     def _most_bad_needs_scores(self) -> CritiqueSettings:
@@ -446,8 +451,10 @@ def _share(items: list, predicate) -> float:
 class CritiqueInputs(BaseModel):
     """The actor model judges the bad path of each pair (select-paths) in its tree (mcts)."""
 
-    model_url: str  # the judge: the policy that searched the trees
-    env: EnvSettings  # its oracle, where it has one, scores the judge
+    model_url: str
+    """the judge: the policy that searched the trees"""
+    env: EnvSettings
+    """its oracle, where it has one, scores the judge"""
     trees_url: str
     pairs_url: str
     inference: InferenceSettings

@@ -61,12 +61,16 @@ class JudgeSettings(Strict):
     served at `base_url` (any OpenAI-compatible completions endpoint). A reply without a step
     number, a failed call or one past `timeout_s` falls back to the rule-based verdict."""
 
-    # Policy, vllm or openai (see the class docstring).
     kind: Literal["policy", "vllm", "openai"] = "policy"
-    model: str | None = None  # vllm: a model folder; openai: the served model's name
-    base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000
-    max_tokens: int = Field(default=64, ge=1)  # per judge reply
-    timeout_s: float = Field(default=120.0, gt=0)  # per batched judge call
+    """Policy, vllm or openai (see the class docstring)."""
+    model: str | None = None
+    """vllm: a model folder; openai: the served model's name"""
+    base_url: str | None = None
+    """openai: e.g. http://127.0.0.1:8000"""
+    max_tokens: int = Field(default=64, ge=1)
+    """per judge reply"""
+    timeout_s: float = Field(default=120.0, gt=0)
+    """per batched judge call"""
 
     @model_validator(mode="after")
     def _kind_has_what_it_needs(self) -> JudgeSettings:
@@ -88,13 +92,17 @@ class EvolveSettings(Strict):
     one enhanced, a wrong one reflected); a trajectory is correct when its answer's token F1
     exceeds `success_f1` (exact match where the episode has no F1)."""
 
-    rounds: int = Field(default=3, ge=0)  # rounds of evolving trajectories
-    temperature: float = Field(default=0.7, ge=0.0)  # the policy's sampling in every round
-    success_f1: float = Field(default=0.8, ge=0.0, le=1.0)  # a trajectory above this F1 is correct
-    # A correct trajectory with no redundant step is kept without its free text ("rewrite"); off,
-    # it is rolled out afresh. Thought-less rows can teach a small policy to stop thinking, and
-    # without its thoughts the 135M policy stopped calling python (docs/notebook.md, ET-Agent).
+    rounds: int = Field(default=3, ge=0)
+    """rounds of evolving trajectories"""
+    temperature: float = Field(default=0.7, ge=0.0)
+    """the policy's sampling in every round"""
+    success_f1: float = Field(default=0.8, ge=0.0, le=1.0)
+    """a trajectory above this F1 is correct"""
     rewrite: bool = True
+    """A correct trajectory with no redundant step is kept without its free text ("rewrite"); off,
+    it is rolled out afresh. Thought-less rows can teach a small policy to stop thinking, and
+    without its thoughts the 135M policy stopped calling python (docs/notebook.md, ET-Agent).
+    """
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
 
 
@@ -130,17 +138,23 @@ class EvolveRecord(BaseModel):
     """One trajectory the evolution made, and what became of it."""
 
     question: str
-    id: str  # "<question>#<n>"
-    round: int  # 0: the first rollout
-    parent: str | None  # the trajectory it was evolved from
+    id: str
+    """The evolved question's id: "<question>#<n>"."""
+    round: int
+    """0: the first rollout"""
+    parent: str | None
+    """the trajectory it was evolved from"""
     operator: str
-    verdict: Verdict | None = None  # the judge's (or the rules') verdict on the parent
-    hint: str | None = None  # shown to the policy, left out of the kept trajectory
+    verdict: Verdict | None = None
+    """the judge's (or the rules') verdict on the parent"""
+    hint: str | None = None
+    """shown to the policy, left out of the kept trajectory"""
     correct: bool
     f1: float | None
     tool_calls: int
     finish_reason: str
-    kept: bool  # in the training trajectories
+    kept: bool
+    """in the training trajectories"""
     why: str
 
 

@@ -20,15 +20,20 @@ from flywheel.stage import StageResult, StageRun, stage
 class MCTSSettings(RoundSlices):
     """Agent-R's tree search over the agent's actions, one tree per train task."""
 
-    iterations: int = Field(default=8, ge=1)  # descents from the root per tree
-    max_depth: int = Field(default=12, ge=1)  # a node this deep is terminal (agent turns)
-    samples_per_node: int = Field(default=4, ge=1)  # N replies sampled per expansion
-    # UCT: mean value + c * sqrt(ln(parent visits) / visits); Agent-R uses 0.25.
+    iterations: int = Field(default=8, ge=1)
+    """descents from the root per tree"""
+    max_depth: int = Field(default=12, ge=1)
+    """a node this deep is terminal (agent turns)"""
+    samples_per_node: int = Field(default=4, ge=1)
+    """N replies sampled per expansion"""
     exploration_constant: float = Field(default=0.25, ge=0)
-    temperature: float = Field(default=1.0, gt=0)  # sampling must differ for N samples to help
-    # Build a child from its parent's snapshot (one environment step) where the environment can
-    # snapshot; False replays the whole path from a fresh episode for every child (Agent-R's way).
+    """UCT: mean value + c * sqrt(ln(parent visits) / visits); Agent-R uses 0.25."""
+    temperature: float = Field(default=1.0, gt=0)
+    """sampling must differ for N samples to help"""
     restore_state: bool = True
+    """Build a child from its parent's snapshot (one environment step) where the environment can
+    snapshot; False replays the whole path from a fresh episode for every child (Agent-R's way).
+    """
 
 
 def search_limits(settings: MCTSSettings, inference: InferenceSettings, seed: int) -> SearchLimits:
@@ -64,11 +69,14 @@ class MCTSInputs(BaseModel):
 
     model_url: str
     env: EnvSettings
-    task_ids: list[str]  # one tree each
-    prefix: list[Message]  # system prompt before each task's instruction
+    task_ids: list[str]
+    """one tree each"""
+    prefix: list[Message]
+    """system prompt before each task's instruction"""
     inference: InferenceSettings
     settings: MCTSSettings
-    seed: int  # sampling and tie-breaking; the flow varies it per round
+    seed: int
+    """sampling and tie-breaking; the flow varies it per round"""
 
 
 @stage("mcts")

@@ -77,6 +77,8 @@ def test_comments_docstrings_and_layout_keep_every_stage_cached(project):
     # Docstrings of a function and of a class.
     edit(root / "training" / "launch.py", '"""Run the trainer', '"""Edited. Run the trainer')
     edit(root / "flywheel" / "records.py", '"""One episode:', '"""Edited. One episode:')
+    # A setting's docstring (its --help text) is no code either.
+    edit(root / "flywheel" / "settings.py", '"""DPO\'s beta', '"""Edited. DPO\'s beta')
     assert versions() == before
 
 

@@ -15,7 +15,7 @@ from flows.agent_r1 import AgentR1Config
 from flows.et_agent import ETAgentConfig
 from flows.eto import ETOConfig, main
 from flywheel.config_files import ConfigError, load_config, setting_keys
-from flywheel.setting_docs import class_comments, first_sentence, setting_docs, settings_help
+from flywheel.setting_docs import field_doc, first_sentence, setting_docs, settings_help
 
 RECIPE_CONFIGS = [ETOConfig, AgentRConfig, AgentR1Config, ETAgentConfig]
 
@@ -74,19 +74,20 @@ def test_a_recipes_own_defaults_are_the_ones_listed():
     assert (et["sample.samples_per_task"], et["sample.curriculum"]) == (8, "tool-calls")
 
 
-def test_comments_above_and_after_a_field_are_its_doc_and_pragmas_are_not():
-    from pydantic import BaseModel
+def test_a_fields_docstring_is_its_doc_and_a_subclass_keeps_its_bases():
+    from flywheel.settings import Strict
 
-    class Example(BaseModel):
-        # Above, first line
-        # and its second line.
-        both: int = 1  # after
+    class Base(Strict):
+        both: int = 1
+        """Above, first line. And its second sentence."""
         bare: int = 2
-        listed: list[int] = [
-            1,
-        ]  # fmt: skip
 
-    assert class_comments(Example) == {"both": "Above, first line and its second line. after"}
+    class Changed(Base):
+        both: int = 3  # a new default, no new words
+
+    assert field_doc(Base, "both") == "Above, first line."
+    assert field_doc(Changed, "both") == "Above, first line."
+    assert field_doc(Base, "bare") == ""
     assert first_sentence("Episode step limit. TextCraft's expert needs 6 (e.g. 5).") == (
         "Episode step limit."
     )
