@@ -50,6 +50,7 @@ from bench.rollout_throughput import (
     resolve_model,
 )
 from bench.trl_every_position import TRAINER_VARIABLE
+from flywheel.precision import resolve_precision
 
 # Variants: name -> (trainer, trl_args on top of the shipped settings, job fields). The one job
 # field that is not the TrainingJob's: `every_position`, trl's own CPU behaviour (the trainer run
@@ -105,6 +106,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-expert-steps", type=int, default=4, help="as the demo's config")
     parser.add_argument("--max-length", type=int, default=1024, help="tokens a row, as shipped")
     parser.add_argument("--frozen-layers", type=int, default=20, help="as the shipped configs")
+    parser.add_argument(
+        "--precision", choices=("auto", "float32", "bfloat16"), default="auto",
+        help="the trainers' precision setting (auto: bfloat16 on AMX/avx512_bf16 CPUs, else float32)",
+    )  # fmt: skip
     parser.add_argument(
         "--variants",
         nargs="+",
@@ -219,7 +224,8 @@ def run_variant(name, records, model_dir, args, shape, folder: Path) -> Measured
     job_fields = dict(job_fields)
     every_position = job_fields.pop("every_position", False)
     sizes = {"max_length": args.max_length, "lora": job_fields.pop("lora", {}),
-             "frozen_layers": job_fields.pop("frozen_layers", args.frozen_layers)}  # fmt: skip
+             "frozen_layers": job_fields.pop("frozen_layers", args.frozen_layers),
+             "precision": args.precision}  # fmt: skip
     if trainer == "sft":
         settings = SFTSettings(epochs=1, learning_rate=1e-4, **sizes)
         trl_args = sft_trl_args(settings)
@@ -393,8 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     info = {
         "model": label, "layers": shape.layers, "frozen_layers": args.frozen_layers,
         "max_length": args.max_length, "matmul_bounds": bounds, "matmul_size": 1024,
-        # The trainers compute in float32 on a CPU; the bf16 bound says what that format leaves.
-        "precision": "float32",
+        "precision": resolve_precision(args.precision),
         "threads": cpus, "cpus": cpus, "load": load, "torch": torch.__version__,
         "trl": trl.__version__, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": shlex.join(["python", "bench/train_throughput.py", *(argv or sys.argv[1:])]),

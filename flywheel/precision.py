@@ -37,6 +37,10 @@ def cpu_has_fast_bf16(flags: frozenset[str] | None = None) -> bool:
 
 
 def cuda_has_bf16() -> bool:
+    """Whether a CUDA device here computes bf16. torch is imported only where an NVIDIA driver
+    is present: config files are read on machines without one in well under a second."""
+    if not any(Path(p).exists() for p in ("/proc/driver/nvidia", "/dev/nvidiactl")):
+        return False
     import torch
 
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()

@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from flywheel.precision import resolve_precision
+
 BUILTIN_MODELS = ("smollm2-135m", "tiny")
 
 
@@ -471,6 +473,14 @@ SETTINGS_TRL_ARGS = {
 }  # fmt: skip
 
 
+Precision = Literal["auto", "float32", "bfloat16"]
+
+
+def resolved(value: str) -> str:
+    """A `precision` setting as the format it computes in on this machine."""
+    return resolve_precision(value)
+
+
 class TrainerSettings(Strict):
     """What SFT, DPO and RL share: `batch_size` sequences per optimizer step, split evenly over
     `num_processes` training processes. A stage hands its settings to its trainer process whole,
@@ -478,6 +488,13 @@ class TrainerSettings(Strict):
 
     batch_size: int
     """each trainer sets its own default"""
+    precision: Precision = Field(default="auto", validate_default=True)
+    """The number format the trainer computes in, under autocast over float32 master weights
+    (trl's `bf16`, accelerate's mixed precision): auto is bfloat16 on a bf16 GPU or a CPU with
+    AMX / AVX512-BF16 instructions, else float32 (flywheel/precision.py). Resolved when the
+    config is read, where the flow runs: a stage's key holds the format it trained in. Set it
+    where the trainers run on other machines than the flow.
+    """
     num_processes: int = Field(default=1, ge=1)
     """Training processes: >1 launches `accelerate launch` (GPUs) or torchrun (CPU, gloo); each
     takes batch_size / num_processes of every step's sequences.
@@ -512,6 +529,11 @@ class TrainerSettings(Strict):
     CPU trains deterministically either way. Off: on an H200 it cost no memory and ~1.2-1.6x the
     train time of short jobs (bench/results-gpu-checklist.md sections 7-8; docs/determinism.md).
     """
+
+    @field_validator("precision")
+    @classmethod
+    def _resolve_precision(cls, value: str) -> str:
+        return resolved(value)
 
     @field_validator("frozen_layers")
     @classmethod

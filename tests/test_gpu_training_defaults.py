@@ -32,9 +32,9 @@ def test_lora_on_a_bf16_gpu_loads_the_frozen_base_in_bf16_and_full_training_in_f
 
     with_lora = job(SFTSettings(lora=LoRASettings(enabled=True, rank=8, alpha=16.0)))
     full = job(SFTSettings())
-    assert weights_dtype(with_lora, gpu_bf16=True) == "bfloat16"
-    assert weights_dtype(with_lora, gpu_bf16=False) == "float32"  # a CPU trains in float32
-    assert weights_dtype(full, gpu_bf16=True) == "float32"  # the optimizer's master weights
+    assert weights_dtype(with_lora, bf16=True) == "bfloat16"
+    assert weights_dtype(with_lora, bf16=False) == "float32"  # a CPU trains in float32
+    assert weights_dtype(full, bf16=True) == "float32"  # the optimizer's master weights
 
 
 def test_on_cuda_attention_leaves_cudnn_for_flash_and_a_cpu_is_left_alone(monkeypatch):
@@ -73,3 +73,25 @@ def test_loading_a_model_to_train_sets_the_attention_kernels_first(monkeypatch, 
     ):  # an empty folder: no model to load, after the kernels are set
         training.job.load_model(job)
     assert called == [1]
+
+
+def test_every_trainer_computes_in_the_jobs_resolved_precision(tmp_path):
+    """trl's bf16, the launcher's --mixed_precision and the LoRA base follow `precision`, which
+    the settings resolve when read: `auto` never reaches a trainer."""
+    import json
+
+    from flywheel.settings import SFTSettings
+    from training.job import TrainingJob, computes_in_bf16, trainer_defaults
+    from training.launch import command
+
+    assert SFTSettings().precision in ("float32", "bfloat16")  # auto, resolved here
+    for precision, bf16, mixed in (("bfloat16", True, "bf16"), ("float32", False, "no")):
+        settings = SFTSettings(precision=precision)
+        job = TrainingJob(model_dir="m", data_file="d", output_dir=str(tmp_path / "o"),
+                          settings=settings, seed=0)  # fmt: skip
+        assert computes_in_bf16(settings) is bf16
+        assert trainer_defaults(job)["bf16"] is bf16
+        job_file = job.save(tmp_path / f"{precision}.json")
+        assert json.loads(job_file.read_text())["settings"]["precision"] == precision
+        launched = command("training.sft", job_file, 2, "ddp")
+        assert launched[launched.index("--mixed_precision") + 1] == mixed

@@ -52,3 +52,20 @@ def test_the_bound_table_marks_the_format_the_work_ran_in_and_the_fastest():
     lines = bound_lines({"float32": 60e9, "bfloat16": 420e9}, "float32", 1)
     assert lines[2] == "| float32 | 60.0 | 1.00x | ran in |"
     assert lines[3] == "| bfloat16 | 420.0 | 7.00x | fastest |"
+
+
+def test_settings_resolve_auto_when_read_so_a_stages_key_holds_the_format(monkeypatch):
+    import flywheel.precision as precision
+    from flywheel.settings import DPOSettings, RLSettings, SFTSettings
+
+    monkeypatch.setattr(precision, "cuda_has_bf16", lambda: False)
+    monkeypatch.setattr(precision, "cpu_flags", lambda cpuinfo=None: cpu_flags(XEON_AMX))
+    assert SFTSettings().precision == "bfloat16"
+    assert RLSettings(precision="auto").precision == "bfloat16"
+    monkeypatch.setattr(precision, "cpu_flags", lambda cpuinfo=None: cpu_flags(EPYC_AVX2))
+    assert DPOSettings().precision == "float32"
+    assert SFTSettings(precision="bfloat16").precision == "bfloat16"
+    assert (
+        SFTSettings().model_dump()["precision"]
+        != SFTSettings(precision="bfloat16").model_dump()["precision"]
+    )

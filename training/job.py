@@ -106,7 +106,7 @@ def trainer_defaults(job: TrainingJob) -> dict:
 
     gpu = torch.cuda.is_available()
     return batched_on_gpu({
-        "bf16": gpu_has_bf16(),
+        "bf16": computes_in_bf16(job.settings),
         "use_cpu": not gpu,
         "output_dir": str(Path(job.output_dir).with_name(Path(job.output_dir).name + "-work")),
         "report_to": reporting(),
@@ -152,20 +152,19 @@ def checkpointing(job: TrainingJob) -> dict:
     }
 
 
-def gpu_has_bf16() -> bool:
-    """The one bf16 rule: trl's `bf16`, the launcher's `--mixed_precision` and the frozen LoRA
-    base's dtype all follow it."""
-    import torch
+def computes_in_bf16(settings) -> bool:
+    """The one bf16 rule, the trainer settings' resolved `precision` (flywheel/precision.py):
+    trl's `bf16`, the launcher's `--mixed_precision`, the RL trainer's autocast and the frozen
+    LoRA base's dtype all follow it."""
+    return getattr(settings, "precision", "float32") == "bfloat16"
 
-    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
-
-def weights_dtype(job: TrainingJob, gpu_bf16: bool) -> str:
+def weights_dtype(job: TrainingJob, bf16: bool) -> str:
     """float32 weights for what trains (the optimizer's master copy under bf16 autocast); under
-    LoRA on a bf16 GPU the frozen base in bf16: half its memory (6.8 GB of the 13-14 GB a 1.7B
+    LoRA in bf16 the frozen base in bf16: half its memory (6.8 GB of the 13-14 GB a 1.7B
     LoRA step took on an H200 was the fp32 base, bench/results-gpu-checklist.md); peft keeps
     the adapters themselves in float32."""
-    return "bfloat16" if gpu_bf16 and lora_config(job) is not None else "float32"
+    return "bfloat16" if bf16 and lora_config(job) is not None else "float32"
 
 
 def load_model(job: TrainingJob):
@@ -181,7 +180,8 @@ def load_model(job: TrainingJob):
     attention_without_cudnn()
     adapter = lora_adapter(job.model_dir)
     model = AutoModelForCausalLM.from_pretrained(
-        adapter.base if adapter else job.model_dir, dtype=weights_dtype(job, gpu_has_bf16())
+        adapter.base if adapter else job.model_dir,
+        dtype=weights_dtype(job, computes_in_bf16(job.settings)),
     )
     if adapter:
         model = with_adapter(model, adapter, job)

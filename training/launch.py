@@ -8,6 +8,7 @@ logs); a failure raises with the log's tail so the failed stage says why.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -26,8 +27,6 @@ def command(
         return [sys.executable, "-m", module, "--config", str(job_file)]
     import torch
 
-    from training.job import gpu_has_bf16
-
     gpu = torch.cuda.is_available()
     if not gpu and accelerate_config is None:
         # accelerate's CPU launcher starts a single process unless MPI is set up; torchrun starts
@@ -36,7 +35,9 @@ def command(
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(num_processes),
             "-m", module, "--config", str(job_file),
         ]  # fmt: skip
-    precision = "bf16" if gpu_has_bf16() else "no"  # as trl's bf16 (`trainer_defaults`)
+    # as trl's bf16 (`trainer_defaults`): the job's resolved precision
+    settings = json.loads(Path(job_file).read_text()).get("settings", {})
+    precision = "bf16" if settings.get("precision") == "bfloat16" else "no"
     return [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", accelerate_config_file(accelerate_config or "ddp"),

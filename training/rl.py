@@ -81,7 +81,7 @@ from training.checkpoint import (
 from training.datasets import rl_rows, token_counts
 from training.job import (
     TrainingJob,
-    gpu_has_bf16,
+    computes_in_bf16,
     load_model,
     mlflow_step_logger,
     parse_job,
@@ -619,7 +619,7 @@ def train(job: TrainingJob[RLSettings]) -> dict:
     settings = job.settings
     # bf16 autocast as the trl trainers' `bf16` and the launcher's --mixed_precision: launched
     # alone (one GPU) nothing else sets it, and a 1.7B model's RL step ran its matmuls in fp32.
-    precision = "bf16" if gpu_has_bf16() else "no"
+    precision = "bf16" if computes_in_bf16(settings) else "no"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=precision)
     torch.manual_seed(job.seed)
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
