@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast test-extended mutation lint bench bench-kv-cache bench-sandbox bench-chaos bench-mcts gpu-checklist bench-env bench-train bench-efficacy bench-et-agent-competent bench-agent-r1 bench-demo-cost bench-greedy-engine bench-train-repeat bench-profile-train-step bench-sizing bench-determinism services deploy worker
+.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast test-extended mutation lint bench bench-kv-cache bench-sandbox bench-chaos bench-mcts gpu-checklist bench-env bench-train bench-efficacy bench-et-agent-competent bench-agent-r1 bench-demo-cost bench-greedy-engine bench-train-repeat bench-profile-train-step bench-sizing bench-determinism bench-seeded-sampling services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -138,6 +138,11 @@ bench-profile-train-step: install
 # Memory and wall time per stage on paper, from FLOP counts and an H100's bounds (docs/sizing.md)
 bench-sizing: install
 	$(PY) -m bench.sizing
+
+# Seeded sampling admitted as the KV cache holds each request, against the old cap and an
+# unseeded engine, twice, compared token for token (bench/results-seeded-sampling.md)
+bench-seeded-sampling: install
+	$(PY) -m bench.seeded_sampling --tasks 8 --samples 4 --max-steps 6 --out runs/seeded-sampling
 
 # The same sampled explore shard played twice and compared episode by episode (docs/determinism.md)
 bench-determinism: install

