@@ -17,6 +17,7 @@ from agents.rollout import agent_prefix
 from envs import make_env
 from envs.task_selection import task_list
 from flywheel.records import Campaign, CampaignRound, Manifest
+from flywheel.settings import TrainerSettings
 from flywheel.stage import StageOutput
 from ops.campaign import new_round, run_campaign
 from ops.runner import recipe_config, run_tracked
@@ -201,12 +202,25 @@ class Recipe:
             title=f"{self.title} on {self.env.name}", evaluations=evaluations, notes=notes,
             tracking=self.tracking, lineage=self.lineage(), branches=self.branches,
             evaluated_split=self.cfg.evaluate.split, splits=self.splits,
+            header=precision_line(self.cfg),
         )  # fmt: skip
 
     def lineage(self) -> list[str]:
         """The policies' evaluations in training order, each trained from the one before."""
         rounds = range(self.cfg.rounds + 1)
         return [self.lineage_start, *(self.policy_label(n) for n in rounds)]
+
+
+def precision_line(cfg) -> str:
+    """The number formats the run computed in, as its settings resolved them on this machine
+    (flywheel/precision.py): the engine's, then each trainer's."""
+    trainers = {
+        name: value.precision
+        for name in type(cfg).model_fields
+        if isinstance(value := getattr(cfg, name), TrainerSettings)
+    }
+    listed = ", ".join(f"{name} {precision}" for name, precision in trainers.items())
+    return f"Precision: inference {cfg.inference.precision}; trainers: {listed}."
 
 
 def evaluated(recipe: Recipe, round_no: int, result: RoundResult) -> RoundResult:

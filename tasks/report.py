@@ -297,14 +297,18 @@ def report_stage(
     branches: dict[str, str] | None = None,
     evaluated_split: str = "test",
     splits: dict[str, list[str]] | None = None,
+    header: str = "",
 ) -> str:
     """Not cached: every flow run writes its own report into its own MLflow parent run.
     `lineage` and `branches` say which stage started from which (`started_from`); `splits`: the
-    evaluation splits' task ids, printed for a reader to check."""
+    evaluation splits' task ids, printed for a reader to check; `header`: a line above the
+    tables (the precision the run computed in)."""
     store = ArtifactStore(store_url)
     tables = report_tables(store, evaluations, lineage or [], branches or {})
     rows, paired = tables.get("", ([], []))
-    table = report_markdown(tables, evaluated_split, splits or {})
+    table = (f"{header}\n\n" if header else "") + report_markdown(
+        tables, evaluated_split, splits or {}
+    )
     png = success_plot(rows, title, paired, evaluated_split)
     write_table_files(store, run_url, tables)
     noted = table + ("\n" + "".join(f"- {n}\n" for n in notes) if notes else "")

@@ -69,3 +69,15 @@ def test_settings_resolve_auto_when_read_so_a_stages_key_holds_the_format(monkey
         SFTSettings().model_dump()["precision"]
         != SFTSettings(precision="bfloat16").model_dump()["precision"]
     )
+
+
+def test_a_runs_report_opens_with_the_formats_it_computed_in():
+    from flows.agent_r1 import AgentR1Config
+    from flows.eto import ETOConfig
+    from ops.driver import precision_line
+
+    eto = ETOConfig(inference={"precision": "bfloat16"}, dpo={"precision": "float32"})
+    assert precision_line(eto) == (
+        f"Precision: inference bfloat16; trainers: sft {eto.sft.precision}, dpo float32."
+    )
+    assert "rl " in precision_line(AgentR1Config())
