@@ -7,7 +7,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export FLYWHEEL_CACHE ?= $(CURDIR)/.cache/flywheel
 export FLYWHEEL_TEST_CACHE ?= $(CURDIR)/.cache/flywheel-test
 
-.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast test-extended mutation lint bench bench-kv-cache bench-sandbox bench-chaos bench-mcts gpu-checklist bench-env bench-train bench-efficacy bench-et-agent-competent bench-agent-r1 bench-demo-cost bench-greedy-engine bench-train-repeat bench-profile-train-step bench-sizing bench-determinism bench-seeded-sampling services deploy worker
+.PHONY: install demo demo-agent-r demo-agent-r1 demo-et-agent demo-et-agent-grpo demo-scienceworld test test-fast test-extended mutation lint bench bench-kv-cache bench-sandbox bench-chaos bench-mcts gpu-checklist bench-env bench-train bench-efficacy bench-et-agent-competent bench-agent-r1 bench-demo-cost bench-train-repeat bench-profile-train-step bench-sizing bench-determinism bench-seeded-sampling services deploy worker
 
 install:
 	bash scripts/install.sh
@@ -121,11 +121,6 @@ bench-agent-r1: install
 # demo cost; CMD= any other command)
 bench-demo-cost: install
 	$(PY) -m bench.measure_run -- $(or $(CMD),$(MAKE) demo)
-
-# Greedy episodes on an engine capped for seeded sampling against an uncapped one
-# (bench/results-greedy-engine.md; ~10 min)
-bench-greedy-engine: install
-	$(PY) -m bench.greedy_engine
 
 # On a CUDA machine, after `python -m bench.gpu_checklist --prepare DIR` (PREPARED=DIR): the same
 # training job twice, weights compared (docs/determinism.md), and one job's step profiled
