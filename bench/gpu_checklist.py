@@ -170,6 +170,7 @@ def plan(work: Path, model_dir: Path, gpus: int, hardware: Hardware) -> list[Ste
     ]  # fmt: skip
     steps.append(Step("rl", [PY, "-m", "flows.agent_r1", "--config",
                              "configs/agent_r1_qa.yaml", *rl], 1800, "see docs/sizing.md"))  # fmt: skip
+    steps += shipped_gpu_config_steps(store, model_dir, gpus)
     steps.append(Step(
         "eto-round",
         [PY, "-m", "bench.efficacy", "--gpu", "--seeds", "0", "--recipes", "eto", "--rounds", "1",
@@ -177,6 +178,31 @@ def plan(work: Path, model_dir: Path, gpus: int, hardware: Hardware) -> list[Ste
          "--set", f"model.base={model_dir}"],
         3600, "docs/sizing.md: ETO round rows",
     ))  # fmt: skip
+    return steps
+
+
+def shipped_gpu_config_steps(store: Path, model_dir: Path, gpus: int) -> list[Step]:
+    """Round 0 (SFT and its evaluation) of every config in configs/gpu/, on the checklist's model
+    (this machine reaches no Hub), skipped where it asks for more GPUs than are here."""
+    import yaml
+
+    steps = []
+    for path in sorted((ROOT / "configs" / "gpu").glob("*.yaml")):
+        settings = yaml.safe_load(path.read_text())
+        wanted = max(
+            [int(section.get("num_processes", 1)) for section in settings.values()
+             if isinstance(section, dict)] + [1]
+        )  # fmt: skip
+        flow = "flows.agent_r1" if path.stem.startswith("agent_r1") else "flows.eto"
+        overrides = flow_overrides(store, model_dir, f"gpu-config-{path.stem}") + [
+            "rounds=0", "env.test_tasks=4", "env.train_tasks=16",
+        ]  # fmt: skip
+        steps.append(Step(
+            f"config-{path.stem}",
+            [PY, "-m", flow, "--config", str(path.relative_to(ROOT)), *overrides], 1800,
+            f"SFT and an evaluation at the shipped config's settings on {wanted} GPU(s)",
+            skip="" if gpus >= wanted else f"needs {wanted} GPUs, {gpus} here",
+        ))  # fmt: skip
     return steps
 
 

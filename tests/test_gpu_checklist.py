@@ -12,10 +12,19 @@ import pytest
 from bench import gpu_checklist
 
 
+# Round 0 of each configs/gpu/ file, on the checklist's model (the GPU machine reaches no Hub).
+SHIPPED_GPU_CONFIGS = [
+    "config-agent_r1_qa_qwen1.5b", "config-eto_textcraft_qwen1.5b",
+    "config-eto_textcraft_qwen7b_8gpu", "config-eto_textcraft_qwen7b_lora",
+]  # fmt: skip
+
+
 def test_dry_run_plans_every_step_and_launches_nothing(tmp_path, monkeypatch):
     import flows.agent_r1
     import flows.eto  # noqa: F401  the recipes' configs, imported before `run` is replaced:
+
     # their import reaches MLflow, which asks git for its version through subprocess.run
+    import vllm.engine.arg_utils  # noqa: F401  so does vLLM, which checks configs/gpu's vllm_args
 
     launched = []
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: launched.append(a))
@@ -24,11 +33,13 @@ def test_dry_run_plans_every_step_and_launches_nothing(tmp_path, monkeypatch):
     assert launched == []
     text = out.read_text()
     names = ["bandwidth", "build-model", "rollout", "sft", "dpo", "sft-lora", "dpo-lora",
-             "zero2", "zero3", "rl", "eto-round"]  # fmt: skip
+             "zero2", "zero3", "rl", *SHIPPED_GPU_CONFIGS, "eto-round"]  # fmt: skip
     rows = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")]
     assert rows[1:] == names  # in order, after the header row
     assert "configs/accelerate/zero3.yaml (zero_stage 3)" in text
     assert "configs/agent_r1_qa.yaml + 6 overrides (rl)" in text
+    # Every shipped GPU config parses with the checklist's overrides before any step launches.
+    assert "configs/gpu/eto_textcraft_qwen7b_8gpu.yaml + 6 overrides" in text
     # The model's config is the one the sizing predicts for: 1.71B parameters.
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     shape = gpu_checklist.MODEL_SHAPE
@@ -81,7 +92,7 @@ def test_a_machine_without_the_flows_runs_the_prepared_jobs_and_names_what_is_mi
     gpu_checklist.run_prepared(prepared, tmp_path / "work", out)
     status = {s.name: s.status for s in ran}
     assert list(status) == ["bandwidth", "build-model", "rollout", "sft", "zero3", "rl",
-                            "eto-round", "sft-packed", "profile-sft"]  # fmt: skip
+                            *SHIPPED_GPU_CONFIGS, "eto-round", "sft-packed", "profile-sft"]  # fmt: skip
     assert status["rollout"] == "skipped: vllm is not installed on this machine"
     assert (
         status["rl"] == status["eto-round"] == "skipped: prefect is not installed on this machine"
