@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ import httpx
 from flywheel.model import LoRAAdapter, lora_adapter
 from flywheel.precision import resolve_precision
 from flywheel.settings import check_vllm_args
+from flywheel.stopping import RunStopped, refuse_if_stopping, stop_reason, stopping
 
 
 @dataclass(frozen=True)
@@ -315,15 +317,19 @@ class VLLMBackend:
         # earlier engine's in this process) wins over `kv_cache_gib`.
         cache_gib = int(os.environ["VLLM_CPU_KVCACHE_SPACE"])
         seeded_cpu = self.takes_seeds and not gpu
-        self.llm = LLM(**engine_args(
-            model_dir, gpu=gpu, max_model_len=max_model_len, seed=seed,
-            kv_cache_dtype=kv_cache_dtype, block_size=block_size, enforce_eager=enforce_eager,
-            adapter=adapter, vllm_args=vllm_args,
-            precision=resolve_precision(precision or "auto", gpu_bf16=None if gpu else False),
-            seeded_scheduling=cpu_seeded_scheduling(
-                model_dir, max_model_len, cache_gib, kv_cache_dtype, block_size
-            ) if seeded_cpu else None,
-        ))  # fmt: skip
+        with engine_loading(model_dir):
+            self.llm = LLM(**engine_args(
+                model_dir, gpu=gpu, max_model_len=max_model_len, seed=seed,
+                kv_cache_dtype=kv_cache_dtype, block_size=block_size, enforce_eager=enforce_eager,
+                adapter=adapter, vllm_args=vllm_args,
+                precision=resolve_precision(precision or "auto", gpu_bf16=None if gpu else False),
+                seeded_scheduling=cpu_seeded_scheduling(
+                    model_dir, max_model_len, cache_gib, kv_cache_dtype, block_size
+                ) if seeded_cpu else None,
+            ))  # fmt: skip
+        if stopping():  # the run stopped while this engine loaded: nobody will close it
+            self.close()
+            raise RunStopped(f"{stop_reason()}: closed vLLM's engine for {model_dir} as it loaded")
         self.max_model_len = max_model_len
         # Seeded requests on a CPU are handed to the engine only as they fit the KV cache
         # whole (`KVAdmission`): the engine's own count of blocks where it tells it.
@@ -757,11 +763,75 @@ def shared_vllm(
 
 
 def release_vllm() -> None:
+    """Close the shared engine. While the run is stopping, an engine still loading (which holds
+    the lock for tens of seconds) is killed instead of waited for; its thread then fails with
+    `RunStopped`."""
     global _engine
-    with _engine_lock:
+    if stopping():
+        abandon_loading_engines()
+        if not _engine_lock.acquire(timeout=ENGINE_ABANDON_S):
+            return  # a load that outlived its kill closes its engine itself (`VLLMBackend`)
+    else:
+        _engine_lock.acquire()
+    try:
         if _engine is not None:
             _engine[1].close()
             _engine = None
+    finally:
+        _engine_lock.release()
+
+
+_loads_lock = threading.Lock()
+_loads_in_progress = 0  # engines being constructed now, in any thread
+ENGINE_ABANDON_S = 10.0  # how long a stopping run keeps killing engines that still load
+
+
+@contextlib.contextmanager
+def engine_loading(model_dir: str):
+    """Count an engine's load, refused once the run is stopping; a load that fails after the
+    stop (its engine killed under it) says the run stopped, not "Engine core initialization
+    failed"."""
+    global _loads_in_progress
+    with _loads_lock:  # with the check: `abandon_loading_engines` sees this load or it is refused
+        refuse_if_stopping(f"vLLM's engine for {model_dir}")
+        _loads_in_progress += 1
+    try:
+        yield
+    except Exception as error:
+        if stopping():
+            raise RunStopped(f"{stop_reason()}: abandoned vLLM's engine for {model_dir}") from error
+        raise
+    finally:
+        with _loads_lock:
+            _loads_in_progress -= 1
+
+
+def loads_in_progress() -> int:
+    with _loads_lock:
+        return _loads_in_progress
+
+
+def abandon_loading_engines() -> None:
+    """Kill the engine processes of loads in progress until none is left (or `ENGINE_ABANDON_S`
+    passed): a load still in this process starts its engine core later, so this looks again."""
+    deadline = time.monotonic() + ENGINE_ABANDON_S
+    while loads_in_progress() and time.monotonic() < deadline:
+        kill_engine_starts()
+        time.sleep(0.1)
+
+
+def kill_engine_starts() -> None:
+    """SIGKILL this process's vLLM descendants, those not yet named `VLLM::...` included (an
+    engine core spawned a moment ago still runs as multiprocessing's `spawn_main`)."""
+    import psutil
+
+    for process in psutil.Process().children(recursive=True):
+        try:
+            described = f"{process.name()} {' '.join(process.cmdline())}"
+            if "VLLM" in described or "multiprocessing.spawn import spawn_main" in described:
+                process.kill()
+        except psutil.Error:
+            continue
 
 
 class LockedVLLM(VLLMBackend):

@@ -3,7 +3,8 @@
 Told to stop (SIGTERM from a person, a Prefect worker or Kubernetes; Ctrl-C): Prefect turns the
 signal into an exception in the main thread, and on its way out the recipe's stage flow stops
 every trainer's process group and shuts vLLM's engine down (`stop_children`), so stages running in
-other threads end in seconds instead of running to completion; the MLflow runs end KILLED; the
+other threads end in seconds instead of running to completion (from then on no stage starts an
+engine or a trainer, and an engine still loading is killed: `flywheel/stopping.py`); the MLflow runs end KILLED; the
 process exits normally, so Prefect's temporary server is stopped by its own exit handler. That
 server runs in a session of its own (`keep_temporary_server_apart`): a signal to the flow's whole
 process group (Ctrl-C in a terminal, `kill -- -PGID`) does not stop it under the flow, whose crash
@@ -24,22 +25,30 @@ import tempfile
 from contextlib import contextmanager, suppress
 
 
-def stop_children() -> None:
-    """Stop what this process started that would outlive a stopped flow: trainers, vLLM."""
+def stop_children(reason: str = "the run was stopped") -> None:
+    """Stop what this process started that would outlive a stopped flow: trainers, vLLM; and
+    have every stage refuse to start more (`flywheel.stopping`), an engine still loading
+    included (`release_vllm` kills it rather than wait for it)."""
     from flywheel.inference import release_vllm
+    from flywheel.stopping import stop_run
     from training.launch import stop_trainers
 
+    stop_run(reason)  # first: a launch racing this either sees it or is in stop_trainers' list
     stop_trainers()
     release_vllm()  # a generate call in another thread fails now, which ends its stage
 
 
 @contextmanager
 def stopping_children_on_error():
-    """Stop trainers and vLLM when the block is left by an exception (a signal included)."""
+    """Stop trainers and vLLM when the block is left by an exception (a signal included). The
+    block starts unstopped: an earlier run's stop in this process does not stop it."""
+    from flywheel.stopping import reason_for, resume_runs
+
+    resume_runs()
     try:
         yield
-    except BaseException:
-        stop_children()
+    except BaseException as error:
+        stop_children(reason_for(error))
         raise
 
 

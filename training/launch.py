@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 from flywheel.settings import accelerate_config_file
+from flywheel.stopping import refuse_if_stopping
 
 
 def command(
@@ -63,7 +64,9 @@ def launch(
     log_name: str | None = None,
 ) -> None:
     """Run the trainer, its output into `log_file`; a non-zero exit raises `TrainingFailed`
-    naming the log as `log_name` (where it is kept; default `log_file`)."""
+    naming the log as `log_name` (where it is kept; default `log_file`); once the run is
+    stopping (`flywheel.stopping`), `RunStopped` instead of a start."""
+    refuse_if_stopping(f"trainer {module}")
     env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
     cmd = command(module, job_file, num_processes, accelerate_config)
     with open(log_file, "w") as log:
@@ -76,6 +79,8 @@ def launch(
         with _running_lock:
             _running.add(process)
         try:
+            # A stop between the check above and the add was missed by `stop_trainers`.
+            refuse_if_stopping(f"trainer {module}")
             for line in process.stdout:
                 log.write(line)
                 sys.stdout.write(line)
