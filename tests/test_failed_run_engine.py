@@ -68,7 +68,9 @@ def engine_then_failure(cfg, store, tracking):
     if sys.argv[3] == "in-the-body":
         start_engine()
         raise RuntimeError("a stage failed after the engine started")
-    engine = engine_stage.submit()  # a stage still starting its engine when another fails
+    # a stage that comes to start its engine after another failed (it is refused: the run is
+    # stopping)
+    engine = engine_stage.submit()
     failing_stage.submit().result()
     engine.result()
 
@@ -110,7 +112,14 @@ def test_a_run_failing_after_the_engine_started_leaves_no_engine(where, tmp_path
     output = done.stdout + done.stderr
     assert done.returncode == 1, output[-4000:]
     assert "final state: FAILED" in done.stdout
+    assert "flywheel watchdog" not in output, output[-4000:]
+    if where == "in-a-stage-still-running":
+        # The run was stopping when the stage came to start its engine: it refused, naming why
+        # (flywheel/stopping.py), so no engine process was ever started.
+        assert "not starting vLLM's engine" in output, output[-4000:]
+        assert "a stage failed after the engine started" in output
+        assert not (tmp_path / "engine-pids").exists()
+        return
     engine_pids = [int(pid) for pid in (tmp_path / "engine-pids").read_text().split()]
     assert engine_pids, "the engine started no process: nothing was tested"
-    assert "flywheel watchdog" not in output, output[-4000:]
     assert not [pid for pid in engine_pids if psutil.pid_exists(pid)]
