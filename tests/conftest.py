@@ -35,6 +35,15 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(autouse=True)
+def _unstopped():
+    """Each test starts in a process that is not stopping: a flow an earlier test ran (and
+    failed) in this process left `flywheel.stopping` set, as a failed flow does."""
+    from flywheel.stopping import resume_runs
+
+    resume_runs()
+
+
 @pytest.fixture(scope="session")
 def base_model_dir() -> Path:
     from flywheel.model import convert_base_model

@@ -37,7 +37,8 @@ def command(
             "-m", module, "--config", str(job_file),
         ]  # fmt: skip
     # as trl's bf16 (`trainer_defaults`): the job's resolved precision
-    settings = json.loads(Path(job_file).read_text()).get("settings", {})
+    job = Path(job_file)  # absent only where a command is built to be shown, not run
+    settings = json.loads(job.read_text()).get("settings", {}) if job.exists() else {}
     precision = "bf16" if settings.get("precision") == "bfloat16" else "no"
     return [
         sys.executable, "-m", "accelerate.commands.launch",
