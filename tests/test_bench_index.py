@@ -25,8 +25,10 @@ def make_targets_running(module: str) -> list[str]:
         header = re.match(r"^([A-Za-z0-9_-]+):", line)
         if header:
             current = header.group(1)
-        elif line.startswith("\t") and current and re.search(
-            rf"(-m {re.escape(dotted)}\b|{re.escape(slashed)})", line
+        elif (
+            line.startswith("\t")
+            and current
+            and re.search(rf"(-m {re.escape(dotted)}\b|{re.escape(slashed)})", line)
         ):
             targets.append(current)
     return targets
@@ -53,7 +55,9 @@ def test_every_runnable_bench_has_a_make_target_named_in_the_index():
 
 def test_every_experiment_is_listed_with_its_claim():
     index = (ROOT / "experiments" / "README.md").read_text()
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+\.py)` \| ([^|]+)\|", index, re.M)}
+    rows = {
+        m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+\.py)` \| ([^|]+)\|", index, re.M)
+    }
     for path in scripts("experiments"):
         assert path.name in rows, f"experiments/README.md does not list {path.name}"
         assert len(rows[path.name].split()) >= 5, f"{path.name}'s claim is not stated"

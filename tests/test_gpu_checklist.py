@@ -11,7 +11,6 @@ import pytest
 
 from bench import gpu_checklist
 
-
 # Round 0 of each configs/gpu/ file, on the checklist's model (the GPU machine reaches no Hub).
 SHIPPED_GPU_CONFIGS = [
     "config-agent_r1_qa_qwen1.5b", "config-eto_textcraft_qwen1.5b",
@@ -20,11 +19,12 @@ SHIPPED_GPU_CONFIGS = [
 
 
 def test_dry_run_plans_every_step_and_launches_nothing(tmp_path, monkeypatch):
-    import flows.agent_r1
-    import flows.eto  # noqa: F401  the recipes' configs, imported before `run` is replaced:
+    # Imported before `run` is replaced: the recipes' configs reach MLflow, which asks git for
+    # its version through subprocess.run, and vLLM, which checks configs/gpu's vllm_args.
+    import vllm.engine.arg_utils  # noqa: F401
 
-    # their import reaches MLflow, which asks git for its version through subprocess.run
-    import vllm.engine.arg_utils  # noqa: F401  so does vLLM, which checks configs/gpu's vllm_args
+    import flows.agent_r1
+    import flows.eto  # noqa: F401
 
     launched = []
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: launched.append(a))

@@ -10,7 +10,8 @@ from pydantic import BaseModel
 from flywheel.records import Manifest
 from flywheel.stage import StageOutput, StageResult, StageRun, stage
 from flywheel.storage import MANIFEST, ArtifactStore
-from ops.gc import collect, main as gc_main
+from ops.gc import collect
+from ops.gc import main as gc_main
 from ops.status import ReadOnlyStore
 
 
