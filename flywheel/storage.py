@@ -115,14 +115,7 @@ class ArtifactStore:
         only what it writes now. Entries named in `keep` stay (a trainer's keyed checkpoints,
         which it resumes from), and so does any folder below holding a published stage."""
         url = url.rstrip("/")
-        files = self.list_files(url)
-        nested = {f.rsplit("/", 1)[0] for f in files if f.endswith("/" + MANIFEST)} - {url}
-        removed = [
-            f
-            for f in files
-            if f[len(url) + 1 :].split("/", 1)[0] not in keep
-            and not any(f.startswith(folder + "/") for folder in nested)
-        ]
+        removed = [f for f in self.own_files(url) if f[len(url) + 1 :].split("/", 1)[0] not in keep]
         for f in removed:
             self.remove(f)
         return removed

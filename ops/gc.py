@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from flywheel.records import Manifest
 from flywheel.storage import MANIFEST, VARIANTS, ArtifactStore, manifest_digest, normalise_url
+from ops.status import stage_folders
 
 
 class ParkedResult(BaseModel):
@@ -28,12 +29,6 @@ class ParkedResult(BaseModel):
     bytes: int
     published_at: str
     read_by: list[str] = []  # current stages computed from its content: kept
-
-
-def current_manifests(store: ArtifactStore, run_url: str) -> list[Manifest]:
-    found = [store.read_manifest(f.rsplit("/", 1)[0]) for f in store.list_files(run_url)
-             if f.endswith("/" + MANIFEST)]  # fmt: skip
-    return [m for m in found if m is not None]
 
 
 def readers(parked: Manifest, current: list[Manifest]) -> list[str]:
@@ -52,7 +47,7 @@ def collect(store: ArtifactStore, run_url: str) -> list[ParkedResult]:
     folder = store.variant_url(run_url.rstrip("/"))
     if folder is None:
         raise ValueError(f"{run_url} is not inside the store {store.root}")
-    current = current_manifests(store, run_url)
+    current = [m for m in stage_folders(store, run_url).values() if m is not None]
     parked = []
     for url in store.list_files(folder):
         if not url.endswith("/" + MANIFEST):
