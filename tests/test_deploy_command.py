@@ -65,9 +65,13 @@ def make_dry_run(target: str, *args: str, env: dict | None = None) -> str:
     """The commands `make -n target` would run for it (not its `install` prerequisite)."""
     import os
 
+    # Under `make test` the parent make exports MAKEFLAGS/MAKELEVEL, and a child make then prints
+    # "Leaving directory" after its commands: read the dry run as a top-level make would print it.
+    outer = {"MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES"}
     done = subprocess.run(
-        ["make", "-n", target, *args], cwd=REPO, text=True, capture_output=True, timeout=60,
-        env={**os.environ, **(env or {})},
+        ["make", "--no-print-directory", "-n", target, *args], cwd=REPO, text=True,
+        capture_output=True, timeout=60,
+        env={**{k: v for k, v in os.environ.items() if k not in outer}, **(env or {})},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()[-1]
