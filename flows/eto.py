@@ -1,4 +1,5 @@
-"""ETO (Song et al., 2024): SFT on expert trajectories, then rounds of explore → pairs → DPO.
+"""ETO (Song et al., 2024): SFT on expert trajectories, then rounds of explore → pairs → DPO;
+with `explore.level=step`, IPR's (Xiong et al., 2024) step pairs beside ETO's.
 
     python -m flows.eto --config configs/eto_textcraft.yaml [key=value ...]
     python -m flows.eto --campaign --config ...   # one more round of the campaign
@@ -12,11 +13,13 @@ re-run resumes at the first stage that did not finish.
 from __future__ import annotations
 
 import sys
+from typing import Literal
 
 from prefect import flow
 from pydantic import Field
 
 from agents.rollout import agent_prefix, few_shot_examples
+from flywheel.records import Manifest
 from flywheel.settings import DPOSettings, RoundSlices
 from ops.driver import Recipe, RoundResult, RoundState, run_all_rounds, run_next_round
 from ops.recipe_config import RecipeConfig
@@ -24,6 +27,7 @@ from ops.runner import cli_main, run_named
 from tasks.build_pairs import BuildPairsInputs, build_pairs_stage
 from tasks.dpo import DPOInputs, dpo_stage
 from tasks.explore import ExploreInputs, explore_stage, shard
+from tasks.step_pairs import StepPairsInputs, step_pairs_stage
 
 
 class ExploreSettings(RoundSlices):
@@ -35,6 +39,14 @@ class ExploreSettings(RoundSlices):
     """episodes per train task"""
     shards: int = Field(default=2, ge=1)
     """mapped Prefect tasks"""
+    level: Literal["trajectory", "step"] = "trajectory"
+    """"trajectory": ETO's pairs of whole episodes. "step": those and IPR's step pairs, where the
+    policy departs from the expert's path and does worse (tasks/step_pairs.py)."""
+    step_rollouts: int = Field(default=3, ge=0)
+    """Step level: sampled continuations that value each of the two steps (IPR's Monte-Carlo
+    step reward); 0 values them by the greedy continuation's outcome and the expert's."""
+    step_temperature: float = Field(default=1.0, gt=0)
+    """Step level: the temperature of those continuations."""
 
 
 class ETOConfig(RecipeConfig):
@@ -67,11 +79,39 @@ class ETO(Recipe):
 
     def round(self, state: RoundState) -> RoundResult:
         """Explore the train tasks with the policy → pair each exploration with the expert's
-        trajectory on its task → DPO on the pairs."""
+        trajectory on its task (and, at the step level, the policy's worse departures from the
+        expert's path with it, IPR) → DPO on the pairs."""
         cfg, n = self.cfg, state.round
         explored_ids = cfg.explore.tasks_for_round(self.train_ids, n)
-        shards = shard(explored_ids, cfg.explore.shards, cfg.explore.samples_per_task)
-        explored = explore_stage.map(
+        explored = self.explore(state, explored_ids)
+        pairs = build_pairs_stage(
+            BuildPairsInputs(
+                explored_urls=[m.files["trajectories"] for m in explored],
+                expert_url=state.carry["expert"], extra_turns=cfg.dpo.rejected_extra_turns,
+            ),
+            self.out(f"round-{n}/pairs", f"round-{n}"),
+        )  # fmt: skip
+        found = [pairs]
+        if cfg.explore.level == "step":
+            found.append(self.step_pairs(state, explored_ids))
+        if sum(m.counts["pairs"] for m in found) == 0:
+            return RoundResult(notes=[f"round {n}: no preference pairs ({pairs.counts})."])
+        settings = cfg.dpo.for_round(n)
+        reference = state.start_policy if settings.reference == "start" else None
+        policy = dpo_stage(
+            DPOInputs(
+                model_url=state.policy, pairs_urls=[m.files["pairs"] for m in found],
+                settings=settings, seed=cfg.seed, reference_url=reference,
+            ),
+            self.out(f"round-{n}/dpo", f"round-{n}"),
+        )  # fmt: skip
+        return RoundResult(policy=policy.files["model"])
+
+    def explore(self, state: RoundState, task_ids: list[str]) -> list[Manifest]:
+        """The policy's episodes on `task_ids`, in `explore.shards` mapped Prefect tasks."""
+        cfg, n = self.cfg, state.round
+        shards = shard(task_ids, cfg.explore.shards, cfg.explore.samples_per_task)
+        return explore_stage.map(
             [
                 ExploreInputs(
                     model_url=state.policy, env=cfg.env, task_ids=tasks, prefix=self.prefix,
@@ -85,23 +125,19 @@ class ETO(Recipe):
                 for i in range(len(shards))
             ],
         ).result()  # fmt: skip
-        pairs = build_pairs_stage(
-            BuildPairsInputs(
-                explored_urls=[m.files["trajectories"] for m in explored],
-                expert_url=state.carry["expert"], extra_turns=cfg.dpo.rejected_extra_turns,
+
+    def step_pairs(self, state: RoundState, task_ids: list[str]) -> Manifest:
+        """IPR's step pairs: the policy takes over greedily from each step of the expert's path."""
+        cfg, n = self.cfg, state.round
+        return step_pairs_stage(
+            StepPairsInputs(
+                model_url=state.policy, env=cfg.env, expert_url=state.carry["expert"],
+                task_ids=task_ids, inference=cfg.inference, max_steps=cfg.env.max_steps,
+                rollouts=cfg.explore.step_rollouts, temperature=cfg.explore.step_temperature,
+                extra_turns=cfg.dpo.rejected_extra_turns, seed=cfg.seed + n * 1000,
             ),
-            self.out(f"round-{n}/pairs", f"round-{n}"),
+            self.out(f"round-{n}/step-pairs", f"round-{n}"),
         )  # fmt: skip
-        if pairs.counts["pairs"] == 0:
-            return RoundResult(notes=[f"round {n}: no preference pairs ({pairs.counts})."])
-        policy = dpo_stage(
-            DPOInputs(
-                model_url=state.policy, pairs_url=pairs.files["pairs"],
-                settings=cfg.dpo.for_round(n), seed=cfg.seed,
-            ),
-            self.out(f"round-{n}/dpo", f"round-{n}"),
-        )  # fmt: skip
-        return RoundResult(policy=policy.files["model"])
 
 
 @flow(name="eto", log_prints=True, flow_run_name=run_named(ETOConfig))

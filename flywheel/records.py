@@ -94,6 +94,9 @@ class Pair(BaseModel):
     rejected: list[Message]
     chosen_reward: float
     rejected_reward: float
+    # A step-level pair's agent turn (0-based) where the two sides part (`tasks.step_pairs`);
+    # None for a pair of whole episodes.
+    step: int | None = None
 
 
 class EpisodeStats(BaseModel):

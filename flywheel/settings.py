@@ -638,6 +638,12 @@ class DPOSettings(TrainerSettings):
     """pairs per optimizer step"""
     rejected_extra_turns: int = Field(default=5, ge=0)
     """ETO keeps a failed exploration up to the expert's length plus this many turns."""
+    reference: Literal["policy", "start"] = "policy"
+    """DPO's reference model: "policy", the round's own starting policy (ETO), or "start", frozen at
+    the model the rounds start from, the SFT model (IPR)."""
+    nll_weight: float = Field(default=0.0, ge=0)
+    """Weight of an NLL term on the chosen side beside DPO's loss (RPO; IPR's SFT term), 0 for
+    none. It keeps DPO from lowering the expert's own actions (docs/results.md)."""
     trl_args: dict[str, Any] = Field(default_factory=dict)
     """More of trl's DPOConfig, passed unchanged. E.g. {loss_type: [sigmoid, sft], loss_weights:
     [1.0, 1.0]} adds an NLL term on the chosen side (RPO; bench/results-dpo-sweep.md).
@@ -649,6 +655,15 @@ class DPOSettings(TrainerSettings):
     `trl_args.beta`. ETO's own schedule: [{beta: 0.1, learning_rate: 1.0e-6}, {beta: 0.5,
     learning_rate: 5.0e-7}]
     """
+
+    @model_validator(mode="after")
+    def _one_way_to_add_nll(self):
+        if self.nll_weight and {"loss_type", "loss_weights"} & set(self.trl_args):
+            raise ValueError(
+                "nll_weight adds trl's loss_type [sigmoid, sft] itself: set nll_weight or "
+                "trl_args.loss_type/loss_weights, not both"
+            )
+        return self
 
     @model_validator(mode="after")
     def _schedule_entries_are_settings(self):

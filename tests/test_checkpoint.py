@@ -463,7 +463,7 @@ def train_toy_stage(inputs: TrainInputs, run) -> StageResult:
     "inputs",
     [
         SFTInputs(model_url="m", data_url="d", settings=SFTSettings(), seed=0),
-        DPOInputs(model_url="m", pairs_url="p", settings=DPOSettings(), seed=0),
+        DPOInputs(model_url="m", pairs_urls=["p"], settings=DPOSettings(), seed=0),
         RLInputs(model_url="m", data_url="d", settings=RLSettings(), seed=0),
     ],
 )

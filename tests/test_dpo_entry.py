@@ -71,7 +71,7 @@ def recorded(monkeypatch, chat, base_model_dir):
     monkeypatch.setattr(dpo, "load_model", lambda job: ("model", job))
     monkeypatch.setattr(dpo, "TokenizedDPOTrainer", Recorder)
 
-    def fake_train_and_save(trainer, tok, job, rows):
+    def fake_train_and_save(trainer, tok, job, rows, measure=None):
         saved.append((trainer, tok, job, rows))
         return {"train_loss": 0.25, "rows": rows}
 
@@ -138,7 +138,7 @@ def test_train_keeps_a_pad_token_the_tokenizer_has(tmp_path, monkeypatch, record
 
 
 def test_train_returns_no_metrics_off_rank_zero(tmp_path, monkeypatch, recorded):
-    monkeypatch.setattr(dpo, "train_and_save", lambda *a: {})
+    monkeypatch.setattr(dpo, "train_and_save", lambda *a, **k: {})
     job = dpo_job("m", write_pairs(tmp_path / "p.jsonl", [make_pair(2, 2)]), tmp_path)
     assert dpo.train(job) == {}
 

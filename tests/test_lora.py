@@ -108,14 +108,15 @@ def test_each_training_stage_hands_its_lora_settings_to_the_trainer(
     module = importlib.import_module(f"tasks.{stage_name}")
     handed = []
 
-    def train_to_store(store, module, model_url, data_url, out_url, settings, seed, *rest):
+    def train_to_store(store, module, model_url, data_url, out_url, settings, seed, *rest, **kw):
         handed.append((settings, rest[-1]))  # what `trained_model` hands over: settings, plan
         return {}
 
     monkeypatch.setattr(training.launch, "train_to_store", train_to_store)
     settings_class = {"sft": SFTSettings, "dpo": DPOSettings, "rl": RLSettings}[stage_name]
     inputs_class = {"sft": "SFTInputs", "dpo": "DPOInputs", "rl": "RLInputs"}[stage_name]
-    data = {"pairs_url" if stage_name == "dpo" else "data_url": "d"}
+    (tmp_path / "pairs.jsonl").write_text("")
+    data = {"pairs_urls": [f"{tmp_path}/pairs.jsonl"]} if stage_name == "dpo" else {"data_url": "d"}
     inputs = getattr(module, inputs_class)(
         model_url="m", settings=settings_class(lora=LORA), seed=0, **data
     )

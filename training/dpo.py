@@ -23,6 +23,7 @@ from flywheel.settings import DPOSettings
 from training.datasets import dpo_rows, token_counts
 from training.job import (
     TrainingJob,
+    computes_in_bf16,
     load_model,
     new_adapters,
     parse_job,
@@ -70,6 +71,40 @@ class TokenizedDPOTrainer(DPOTrainer):
         self._signature_columns = [*self._signature_columns, "chosen_mask", "rejected_mask"]
 
 
+def load_reference(job: TrainingJob[DPOSettings]):
+    """DPO's reference where it is not the policy (`job.reference_dir`), frozen: in bf16 where
+    the job computes in bf16 (it is never trained), an adapter folder merged into its base."""
+    if job.reference_dir is None:
+        return None
+    from transformers import AutoModelForCausalLM
+
+    from flywheel.model import lora_adapter
+
+    adapter = lora_adapter(job.reference_dir)
+    model = AutoModelForCausalLM.from_pretrained(
+        adapter.base if adapter else job.reference_dir,
+        dtype="bfloat16" if computes_in_bf16(job.settings) else "float32",
+    )
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter.folder)).merge_and_unload()
+    return model.eval().requires_grad_(False)
+
+
+def pair_margins(trainer: DPOTrainer) -> dict:
+    """The trained policy on its own pairs: mean log-probabilities of the chosen and rejected
+    sides, DPO's implicit rewards (beta x log-ratio to the reference; a chosen reward below 0 is
+    the expert's actions losing likelihood) and their margin, and how often chosen wins."""
+    trainer.eval_dataset = trainer.train_dataset  # reference log-probabilities already there
+    measured = trainer.evaluate(metric_key_prefix="pairs")
+    names = ("logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected",
+             "rewards/margins", "rewards/accuracies")  # fmt: skip
+    # trl names its own DPO metrics "eval_..." whatever the prefix
+    found = {n: measured.get(f"pairs_{n}", measured.get(f"eval_{n}")) for n in names}
+    return {f"pairs_{n}": float(value) for n, value in found.items() if value is not None}
+
+
 def train(job: TrainingJob[DPOSettings]) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
     if tokenizer.pad_token is None:
@@ -81,7 +116,10 @@ def train(job: TrainingJob[DPOSettings]) -> dict:
     rows, counts = dpo_rows(pairs, chat, max_length)
     if not rows:
         raise ValueError(f"no pair fits in max_length={max_length} ({job.data_file}: {counts})")
-    config = DPOConfig(max_length=max_length, **trainer_defaults(job))
+    defaults = trainer_defaults(job)
+    # The pairs are scored once trained (`pair_margins`) in the batches they trained in.
+    defaults.setdefault("per_device_eval_batch_size", defaults["per_device_train_batch_size"])
+    config = DPOConfig(max_length=max_length, **defaults)
     model = load_model(job)
     collator = MaskedPreferenceCollator(
         pad_token_id=tokenizer.pad_token_id,
@@ -90,13 +128,16 @@ def train(job: TrainingJob[DPOSettings]) -> dict:
     )
     trainer = TokenizedDPOTrainer(
         model=model,
+        ref_model=load_reference(job),
         args=config,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
         peft_config=new_adapters(model, job),
         data_collator=collator,
     )
-    metrics = train_and_save(trainer, tokenizer, job, len(rows))
+    if config.precompute_ref_log_probs:
+        trainer.ref_model = None  # its log-probabilities are in the rows now: free its memory
+    metrics = train_and_save(trainer, tokenizer, job, len(rows), measure=pair_margins)
     return {**metrics, **counts.as_metrics(), **token_counts(rows)} if metrics else metrics
 
 

@@ -39,6 +39,8 @@ class TrainingJob(BaseModel, Generic[Settings]):
     # `dpo_trl_args`; `settings.trl_args` among them), over the shared `trainer_defaults`.
     trl_args: dict[str, Any] = Field(default_factory=dict)
     checkpoint: CheckpointPlan | None = None  # where and how often to checkpoint; None: never
+    # DPO's reference model folder where it is not `model_dir` (`DPOSettings.reference`).
+    reference_dir: str | None = None
     # Where to write every optimizer step's logged numbers (JSON list, a resumed run's earlier
     # steps included); None writes none.
     history_file: str | None = None
@@ -358,9 +360,10 @@ def report_metrics(metrics: dict) -> None:
         Path(target).write_text(json.dumps(metrics))
 
 
-def train_and_save(trainer, tokenizer, job: TrainingJob, rows: int) -> dict:
+def train_and_save(trainer, tokenizer, job: TrainingJob, rows: int, measure=None) -> dict:
     """Train (from the stage's newest checkpoint when it has one), write the model folder (all
-    ranks take part in saving), return rank 0's metrics."""
+    ranks take part in saving), return rank 0's metrics; `measure(trainer)`, when given, runs on
+    every rank once trained, before saving merges any adapters, and adds its metrics."""
     from training.checkpoint import mirroring_callback
 
     plan = job.checkpoint
@@ -369,6 +372,7 @@ def train_and_save(trainer, tokenizer, job: TrainingJob, rows: int) -> dict:
         trainer.add_callback(mirror)
     resume = resume_point(plan, Path(trainer.args.output_dir), trainer.is_world_process_zero())
     result = trainer.train(resume_from_checkpoint=resume)
+    measured = measure(trainer) if measure is not None else {}
     if lora_config(job) is None:
         trainer.save_model(job.output_dir)
     elif trainer.is_world_process_zero():  # the adapter alone, or merged: a plain model folder
@@ -390,6 +394,7 @@ def train_and_save(trainer, tokenizer, job: TrainingJob, rows: int) -> dict:
         "checkpoints_saved": mirror.saves if mirror else 0,
         "checkpoint_seconds": mirror.seconds if mirror else 0.0,
         **result.metrics,
+        **measured,
     }
 
 

@@ -203,11 +203,13 @@ def train_to_store(
     trl_args: dict,
     extra_env: dict[str, str] | None = None,
     checkpoint=None,
+    reference_url: str | None = None,
 ) -> dict:
     """Train `model_url` on `data_url` with `module`, put the model folder at `out_url/model`.
 
     `settings` is the stage's `SFTSettings` / `DPOSettings` / `RLSettings`, handed to the trainer
-    whole in its job file; `checkpoint` a `training.checkpoint.CheckpointPlan` or None.
+    whole in its job file; `checkpoint` a `training.checkpoint.CheckpointPlan` or None;
+    `reference_url` DPO's reference model where it is not `model_url`.
 
     Returns the metrics the trainer printed last. The model is written next to the store's
     files on a local store, and uploaded from a scratch folder otherwise.
@@ -233,6 +235,7 @@ def train_to_store(
             seed=seed,
             trl_args={**trl_args, "output_dir": str(scratch / "work")},
             checkpoint=checkpoint,
+            reference_dir=str(store.local_dir(reference_url)) if reference_url else None,
         )
         metrics_file = scratch / "metrics.json"
         env = {**(extra_env or {}), "FLYWHEEL_METRICS_FILE": str(metrics_file)}
@@ -259,6 +262,7 @@ def trained_model(
     settings,
     seed: int,
     trl_args: dict,
+    reference_url: str | None = None,
 ):
     """The body of a training stage (`flywheel.stage.stage`): train into the stage's folder,
     logging into its MLflow run, checkpointing as `settings` say (removed once the model is in
@@ -277,7 +281,7 @@ def trained_model(
     )
     metrics = train_to_store(
         run.store, module, model_url, data_url, run.url, settings, seed, trl_args,
-        run.tracking_env(), checkpoint,
+        run.tracking_env(), checkpoint, reference_url=reference_url,
     )  # fmt: skip
     remove_checkpoints(run.store, run.url)
     return StageResult(
