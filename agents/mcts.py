@@ -8,6 +8,13 @@ is closed. A child is terminal when the environment says done, at `max_depth`, o
 normalised to [0, 1]) up to the root. A node whose children are all closed is closed too; a
 tree whose root is closed stops early.
 
+Replies are read and answered in the environment's own turn format (`agents.turns`), as the
+rollout reads them: a ReAct reply without an action takes no step and is told the format; a tool
+format's reply that cannot be parsed is stepped as a malformed action, so the environment scores
+the format and answers with what is wrong. A tree records its format, so its paths become
+trajectories in it. A leaf records whether its episode was solved where the environment decides
+it (`Episode.solved`: QA's exact match, where the reward gives partial credit).
+
 Trees advance together: every tree that needs an expansion puts its N prompts into the same
 generate call. A child's environment state comes from its parent's snapshot where the
 environment can snapshot (one step per child); otherwise a fresh episode replays the whole path
@@ -24,8 +31,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 from tqdm import tqdm
 
+from agents.turns import Reply, Turns, format_turns, turns_for
 from envs.base import Environment, EnvironmentUnavailable, Episode
-from flywheel.chat import ChatTokenizer, format_observation, parse_reply
+from flywheel.chat import ChatTokenizer
 from flywheel.inference import (
     Generation,
     InferenceBackend,
@@ -45,10 +53,14 @@ class TreeNode(BaseModel):
     reply: str = ""  # the agent's reply that led here (empty at the root)
     token_ids: list[int] | None = None  # the reply's ids as generated, without the end token
     end_generated: bool = True  # whether the model generated the end token (see Message)
-    action: str | None = None  # the action parsed from the reply; None when it had none
+    action: str | None = None  # the action read from the reply; None: it took no step
+    malformed: bool = False  # `action` stepped a reply that could not be parsed (tool formats)
     observation: str = ""  # the environment's answer (the root: the instruction)
     reward: float = 0.0  # raw reward summed along the path
     score: float | None = None  # terminal nodes: the reward normalised to [0, 1]
+    # Terminal nodes: whether the episode solved its task, where the environment decides it
+    # (`Episode.solved`); None: a full score is success.
+    success: bool | None = None
     finish: str = ""  # terminal nodes: "done", "max_depth", "context" or "error: ..."
     visits: int = 0
     value: float = 0.0  # sum of the scores back-propagated through this node
@@ -61,7 +73,10 @@ class TreeNode(BaseModel):
 
     @property
     def solved(self) -> bool:
-        """A leaf where the environment said done with the full normalised reward."""
+        """A leaf where the environment said done, and its episode solved the task: by the
+        environment's verdict where it gives one, else with the full normalised reward."""
+        if self.success is not None:
+            return self.finish == "done" and self.success
         return self.finish == "done" and (self.score or 0.0) >= 1.0
 
 
@@ -71,6 +86,8 @@ class SearchTree(BaseModel):
     task_id: str
     env: str
     nodes: list[TreeNode]
+    agent_format: str = "react"  # how its replies were read and answered (`agents.turns`)
+    tool_arguments: dict[str, str] = Field(default_factory=dict)  # tool formats' tools
     iterations: int = 0  # descents made (fewer than asked when the root closed early)
     expansions: int = 0  # nodes expanded
     samples: int = 0  # replies sampled
@@ -88,9 +105,15 @@ class SearchTree(BaseModel):
     def leaves(self) -> list[TreeNode]:
         return [n for n in self.nodes if n.terminal]
 
+    def turns(self) -> Turns:
+        """The turn format its replies were read in and its observations written in."""
+        return format_turns(self.agent_format, self.tool_arguments)
+
     def trajectory(self, leaf_id: int, prefix: list[Message], source: str = "mcts") -> Trajectory:
         """The root-to-leaf path as an episode after `prefix` (system prompt, examples)."""
-        turns = step_messages(self.path(leaf_id)[1:], loss=True, last_observation=False)
+        turns = step_messages(
+            self.path(leaf_id)[1:], loss=True, last_observation=False, turns=self.turns()
+        )
         return self.episode(leaf_id, prefix, turns, self.nodes[leaf_id].depth, source)
 
     def episode(
@@ -113,8 +136,11 @@ class SearchTree(BaseModel):
         )
 
 
-def step_messages(steps: list[TreeNode], loss: bool, last_observation: bool) -> list[Message]:
-    """Agent turn + observation per step (the last observation only if asked)."""
+def step_messages(
+    steps: list[TreeNode], loss: bool, last_observation: bool, turns: Turns
+) -> list[Message]:
+    """Agent turn + observation per step (the last observation only if asked), the observations
+    written as `turns` (the tree's format) answers a turn."""
     messages = []
     for i, node in enumerate(steps):
         messages.append(
@@ -127,7 +153,7 @@ def step_messages(steps: list[TreeNode], loss: bool, last_observation: bool) -> 
             )
         )
         if last_observation or i < len(steps) - 1:
-            messages.append(Message(role="user", content=format_observation(node.observation)))
+            messages.append(turns.observation(node.observation, node.malformed))
     return messages
 
 
@@ -191,6 +217,7 @@ class _Search:
     """A tree being built: where its current descent is, and what it caches per node."""
 
     tree: SearchTree
+    turns: Turns  # the environment's turn format: how replies are read and answered
     rng: random.Random
     episode: Episode | None  # reused through snapshots; None in replay mode
     ids: dict[int, list[int]]  # open node -> prompt ids up to its observation
@@ -257,14 +284,18 @@ def expansion_sampling(sampling: SamplingSettings, pending: list[_Search], n: in
 def _start(env, task_id, prefix_ids, chat, limits: SearchLimits, seed: int) -> _Search:
     episode = env.start(task_id)
     root = TreeNode(id=0, observation=episode.instruction)
-    tree = SearchTree(task_id=task_id, env=env.name, nodes=[root])
+    tree = SearchTree(
+        task_id=task_id, env=env.name, nodes=[root], agent_format=env.agent_format,
+        tool_arguments=dict(env.tool_arguments),
+    )  # fmt: skip
     first = Message(role="user", content=episode.instruction)
     ids = {0: prefix_ids + chat.message_ids(first)[0]}
+    rng, turns = random.Random(f"{seed}:{task_id}"), turns_for(env)
     snapshot = episode.snapshot() if limits.restore_state else None
     if snapshot is None:  # replay mode: every child starts a fresh episode
         episode.close()
-        return _Search(tree, random.Random(f"{seed}:{task_id}"), None, ids)
-    return _Search(tree, random.Random(f"{seed}:{task_id}"), episode, ids, {0: snapshot})
+        return _Search(tree, turns, rng, None, ids)
+    return _Search(tree, turns, rng, episode, ids, {0: snapshot})
 
 
 def _descend(s: _Search, limits: SearchLimits) -> bool:
@@ -314,6 +345,7 @@ def _expand(env, chat, s: _Search, generations: list[Generation], limits: Search
 def _child(env, chat, s: _Search, parent: TreeNode, generation: Generation, limits) -> TreeNode:
     tree = s.tree
     generated = chat.generated_message(generation.text, generation.token_ids)
+    read = s.turns.read(generation.text)
     child = TreeNode(
         id=len(tree.nodes),
         parent=parent.id,
@@ -321,50 +353,70 @@ def _child(env, chat, s: _Search, parent: TreeNode, generation: Generation, limi
         reply=generation.text,
         token_ids=generated.token_ids,
         end_generated=generated.end_generated,
-        action=parse_reply(generation.text).action,
+        action=read.action,
+        malformed=read.malformed,
         reward=parent.reward,
     )
     tree.nodes.append(child)
     try:
-        observation, reward, done, snapshot = _step(env, s, parent, child.action)
+        outcome = _step(env, s, parent, read)
     except EnvironmentUnavailable:
         raise  # no server to play on says nothing about the branch: the stage fails, re-run
     except Exception as error:  # the environment failed on this action: the branch ends here
         child.finish = f"error: {type(error).__name__}: {error}"
     else:
-        child.observation = observation
-        child.reward += reward
-        if done:
+        child.observation = outcome.observation
+        child.reward += outcome.reward
+        if outcome.done:
             child.finish = "done"
         elif child.depth >= limits.max_depth:
             child.finish = "max_depth"
         else:
-            reply = Message(role="assistant", content=child.reply, token_ids=child.token_ids)
-            seen = Message(role="user", content=format_observation(observation))
-            ids = s.ids[parent.id] + chat.message_ids(reply)[0] + chat.message_ids(seen)[0]
-            room = limits.max_model_len - len(chat.header_ids) - limits.sampling.max_tokens
-            if len(ids) > room:
-                child.finish = "context"
-            else:
-                s.ids[child.id] = ids
-                if snapshot is not None:
-                    s.states[child.id] = snapshot
+            _keep_open(chat, s, parent, child, outcome.snapshot, limits)
+        if child.terminal:
+            child.success = outcome.solved
     if child.terminal:
         child.score = env.normalise(child.reward)
         child.closed = True
     return child
 
 
-def _step(env, s: _Search, parent: TreeNode, action: str | None):
-    """(observation, reward, done, snapshot) of `action` taken in the parent's state."""
-    if action is None:  # no usable action: the agent is told how to reply; the state is unchanged
-        hint = parse_reply("").error
-        return hint, 0.0, False, s.states.get(parent.id)
+def _keep_open(chat, s: _Search, parent: TreeNode, child: TreeNode, snapshot, limits) -> None:
+    """Cache the child's prompt (and state) for its expansion, or end it when the prompt leaves
+    no room for a reply."""
+    reply = Message(role="assistant", content=child.reply, token_ids=child.token_ids)
+    seen = s.turns.observation(child.observation, child.malformed)
+    ids = s.ids[parent.id] + chat.message_ids(reply)[0] + chat.message_ids(seen)[0]
+    room = limits.max_model_len - len(chat.header_ids) - limits.sampling.max_tokens
+    if len(ids) > room:
+        child.finish = "context"
+        return
+    s.ids[child.id] = ids
+    if snapshot is not None:
+        s.states[child.id] = snapshot
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What a child's step came to, in its parent's state."""
+
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    solved: bool | None = None  # the episode's own verdict after the step (`Episode.solved`)
+    snapshot: Any = None  # the state after it (restore mode)
+
+
+def _step(env, s: _Search, parent: TreeNode, reply: Reply) -> _Outcome:
+    """The outcome of `reply`'s action taken in the parent's state."""
+    if reply.action is None:  # no step (ReAct): the agent is told the format; the state stays
+        return _Outcome(reply.error or "", snapshot=s.states.get(parent.id))
     if s.episode is not None:
         s.episode.restore(s.states[parent.id])
-        result = s.episode.step(action)
+        result = s.episode.step(reply.action)
         _count_steps(s.tree, parent.depth + 1, 1)
-        return result.observation, result.reward, result.done, s.episode.snapshot()
+        solved, snapshot = s.episode.solved(), s.episode.snapshot()
+        return _Outcome(result.observation, result.reward, result.done, solved, snapshot)
     episode = env.start(s.tree.task_id)
     steps = 0
     try:
@@ -372,12 +424,13 @@ def _step(env, s: _Search, parent: TreeNode, action: str | None):
             if node.action is not None:
                 episode.step(node.action)
                 steps += 1
-        result = episode.step(action)
+        result = episode.step(reply.action)
         steps += 1
+        solved = episode.solved()
     finally:
         episode.close()
         _count_steps(s.tree, parent.depth + 1, steps)
-    return result.observation, result.reward, result.done, None
+    return _Outcome(result.observation, result.reward, result.done, solved)
 
 
 def _count_steps(tree: SearchTree, depth: int, steps: int) -> None:

@@ -18,6 +18,7 @@ carry loss, like ETO's expert trajectories.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agents.formats import (
@@ -59,6 +60,12 @@ class Turns(ABC):
     def written_turn(self, thought: str, action: str) -> Message:
         """An expert's turn taking `action` (an environment action), as a trajectory holds it."""
 
+    @abstractmethod
+    def shown_move(self, action: str | None, reply: str | None = None) -> str:
+        """A turn's move as a reader of the episode is shown it (the critique), without its
+        thought: `action` as this format writes it; where no move could be read from the reply
+        (`action` None, or a malformed one), `reply` itself when given."""
+
 
 class ReActTurns(Turns):
     def read(self, text: str) -> Reply:
@@ -70,6 +77,9 @@ class ReActTurns(Turns):
 
     def written_turn(self, thought: str, action: str) -> Message:
         return Message(role="assistant", content=format_reply(thought, action), loss=True)
+
+    def shown_move(self, action: str | None, reply: str | None = None) -> str:
+        return f"Action: {action if action is not None else reply}"
 
 
 class ToolTurns(Turns):
@@ -99,9 +109,20 @@ class ToolTurns(Turns):
             return self.format.agent_message(FinalAnswer(call.arguments[ANSWER_ARGUMENT], thought))
         return self.format.agent_message(ToolCall(call.name, call.arguments, thought))
 
+    def shown_move(self, action: str | None, reply: str | None = None) -> str:
+        if action is not None and isinstance(read_action(action), CallRequest):
+            return self.written_turn("", action).content
+        return reply if reply is not None else "(a reply no call could be read from)"
+
 
 def turns_for(env: Environment) -> Turns:
     """How `env`'s agent turns are read and answered."""
-    if env.agent_format == "react":
+    return format_turns(env.agent_format, env.tool_arguments)
+
+
+def format_turns(agent_format: str, tool_arguments: Mapping[str, str]) -> Turns:
+    """The turns of the agent format called `agent_format`, with these tools (name -> the
+    argument a tag call's body fills): for records that name their format (a search tree)."""
+    if agent_format == "react":
         return ReActTurns()
-    return ToolTurns(make_format(env.agent_format, env.tool_arguments))
+    return ToolTurns(make_format(agent_format, tool_arguments))

@@ -9,6 +9,12 @@ each bad path → revision trajectories (bad prefix + revision turn + good conti
 the current model. Baselines, trained from the starting point on round 1's trees:
 Direct-Revision (whole bad path + revision + good path) and good paths only.
 
+With `revisions.source: expert` (as IPR and STeCa do), the good continuation is the expert's
+instead of a solved tree's, so every failed episode gives a revision: a round explores the train
+tasks with the current model → each failed episode's bad prefix up to the oracle's first error +
+revision turn + the expert's plan from there (tasks/expert_revisions.py), with expert
+trajectories mixed in → SFT of the current model.
+
 The driver (ops/driver.py) evaluates each new policy and writes the report; each stage is cached
 on what it read, so a re-run resumes at the first stage that did not finish.
 """
@@ -17,16 +23,19 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Literal
 
 from prefect import flow
 from pydantic import Field, field_validator
 
 from flywheel.records import Manifest
-from flywheel.settings import SFTSettings, Strict
+from flywheel.settings import RoundSlices, SFTSettings, Strict
 from ops.driver import Recipe, RoundResult, RoundState, run_all_rounds, run_next_round
 from ops.recipe_config import RecipeConfig
 from ops.runner import cli_main, run_named
 from tasks.critique import CritiqueInputs, CritiqueSettings, critique_stage
+from tasks.expert_revisions import ExpertRevisionsInputs, expert_revisions_stage
+from tasks.explore import ExploreInputs, explore_stage
 from tasks.mcts import MCTSInputs, MCTSSettings, mcts_stage
 from tasks.mix_general import MixGeneralInputs, mix_general_stage
 from tasks.select_paths import SelectPathsInputs, select_paths_stage
@@ -61,6 +70,21 @@ class PathSettings(Strict):
         return self.alpha[min(round_no, len(self.alpha)) - 1]
 
 
+class RevisionSettings(RoundSlices):
+    """Where a revision's good continuation comes from."""
+
+    source: Literal["mcts", "expert"] = "mcts"
+    """"mcts" (Agent-R): a solved path of the task's search tree. "expert" (IPR, STeCa): the
+    environment's expert plan, played from the state the failed episode's first error leaves;
+    each round explores the train tasks (`tasks_per_round` of them) instead of searching them,
+    and every failed episode can give a revision, where MCTS needs a solved tree.
+    """
+    expert_sft_ratio: float = Field(default=0.5, ge=0)
+    """source expert: expert trajectories trained on per revision (0.5: one per two; 0: none)"""
+    temperature: float = Field(default=0.0, ge=0)
+    """source expert: the exploration's sampling temperature (0: greedy, as ETO explores)"""
+
+
 SHIPPED_GENERAL_CHAT = Path(__file__).resolve().parent.parent / "configs/data/general_chat.jsonl"
 
 
@@ -93,18 +117,20 @@ class GeneralDataSettings(Strict):
 class AgentRConfig(RecipeConfig):
     """One Agent-R run: SFT on expert trajectories (the starting point), then `rounds` of
     MCTS → path pairs → first-error critique → revision splice → SFT, and two baselines trained
-    from the starting point on round 1's trees (Direct-Revision, good paths only)."""
+    from the starting point on round 1's trees (Direct-Revision, good paths only). With
+    `revisions.source: expert`, rounds of explore → expert-anchored revisions → SFT instead."""
 
     run_name: str = "agent-r-textcraft"
     rounds: int = Field(default=3, ge=0)
     mcts: MCTSSettings = Field(default_factory=MCTSSettings)
     paths: PathSettings = Field(default_factory=PathSettings)
     critique: CritiqueSettings = Field(default_factory=CritiqueSettings)
+    revisions: RevisionSettings = Field(default_factory=RevisionSettings)
     revision_sft: SFTSettings = Field(default_factory=SFTSettings)
     """each round's SFT"""
     general: GeneralDataSettings = Field(default_factory=GeneralDataSettings)
     baselines: bool = True
-    """train and evaluate Direct-Revision and good-paths-only"""
+    """train and evaluate Direct-Revision and good-paths-only (revisions.source mcts only)"""
 
 
 class AgentR(Recipe):
@@ -118,9 +144,17 @@ class AgentR(Recipe):
         policy = self.sft(
             "expert", base.files["model"], expert.files["trajectories"], self.cfg.sft, "sft"
         )
-        return RoundResult(policy=policy.files["model"])
+        return RoundResult(
+            policy=policy.files["model"], carry={"expert": expert.files["trajectories"]}
+        )
 
     def round(self, state: RoundState) -> RoundResult:
+        """A round with the good continuations from `revisions.source`."""
+        if self.cfg.revisions.source == "expert":
+            return self.expert_round(state)
+        return self.mcts_round(state)
+
+    def mcts_round(self, state: RoundState) -> RoundResult:
         """MCTS → path pairs → first-error critique → revision splice → SFT (and, in round 1,
         the baselines on the same trees)."""
         cfg, n, policy = self.cfg, state.round, state.policy
@@ -158,6 +192,42 @@ class AgentR(Recipe):
             return result
         trained = self.train(f"round-{n}", policy, revisions, f"round-{n}/sft")
         return result.model_copy(update={"policy": trained.files["model"]})
+
+    def expert_round(self, state: RoundState) -> RoundResult:
+        """Explore the train tasks with the current model → each failed episode's bad prefix +
+        revision turn + the expert's continuation, expert trajectories mixed in → SFT."""
+        cfg, n = self.cfg, state.round
+        explored = explore_stage(
+            ExploreInputs(
+                model_url=state.policy, env=cfg.env,
+                task_ids=cfg.revisions.tasks_for_round(self.train_ids, n), prefix=self.prefix,
+                inference=cfg.inference, temperature=cfg.revisions.temperature,
+                max_steps=cfg.env.max_steps, seed=cfg.seed + n,
+            ),
+            self.out(f"round-{n}/explore", f"round-{n}"),
+        )  # fmt: skip
+        ratio = cfg.revisions.expert_sft_ratio
+        revisions = expert_revisions_stage(
+            ExpertRevisionsInputs(
+                explored_urls=[explored.files["trajectories"]], env=cfg.env, prefix=self.prefix,
+                seed=cfg.seed + n, expert_url=self.expert_url(state) if ratio else None,
+                expert_sft_ratio=ratio,
+            ),
+            self.out(f"round-{n}/expert-revisions", f"round-{n}"),
+        )  # fmt: skip
+        result = RoundResult(notes=[expert_round_note(n, revisions)])
+        if n == 1 and cfg.baselines:
+            result.notes.append("baselines: not trained (they splice MCTS trees; source expert)")
+        if revisions.counts["rows"] == 0:
+            result.notes.append(f"round {n}: no training data ({revisions.counts}).")
+            return result
+        trained = self.train(f"round-{n}", state.policy, revisions, f"round-{n}/sft")
+        return result.model_copy(update={"policy": trained.files["model"]})
+
+    def expert_url(self, state: RoundState) -> str:
+        """The expert trajectories round 0 carried; a campaign begun before round 0 carried
+        them gets the (cached) stage's."""
+        return state.carry.get("expert") or self.expert_trajectories().files["trajectories"]
 
     def splice(self, trees, paths, critiques: Manifest | None, mode: str, path: str) -> Manifest:
         """Training trajectories cut from the trees: revisions, or a baseline's data."""
@@ -212,6 +282,19 @@ def round_note(round_no: int, trees, paths, critiques, revisions) -> str:
         + (f" (agrees with the oracle in {agreement:.0%})" if agreement is not None else "")
         + f", {revisions.counts['revisions']} revisions + {revisions.counts['good_paths']} good "
         f"paths trained on."
+    )
+
+
+def expert_round_note(round_no: int, revisions: Manifest) -> str:
+    """One line for the report: what the round's failed episodes yielded."""
+    c = revisions.counts
+    return (
+        f"round {round_no}: {c['failed']}/{c['episodes']} explored episodes failed, "
+        f"{c['rows']} revisions with the expert's continuation (first error at step "
+        f"{revisions.metrics['first_error_step_mean']:.1f} on average), skipped "
+        f"{c['skipped_no_first_error']} without a first error and "
+        f"{c['skipped_no_continuation'] + c['skipped_replay_mismatch']} without a continuation; "
+        f"{c['expert_trajectories']} expert trajectories trained on beside them."
     )
 
 

@@ -21,6 +21,10 @@ that task and history; the verdict is chosen from these calibrated scores. `crit
 most_bad` judges every step of the bad path and takes the step with the highest P(Bad) (the
 softmax of the verdicts' scores) as its first error: the bad path failed, so it has one.
 
+Steps are shown as the agent's turn format writes them (the tree's, `agents.turns`): ReAct's
+``Action: ...`` and ``Observation: ...``, or a tool format's call (``<search>...</search>``) and its
+wrapped result; a reply no move could be read from is shown whole when it is the judged step.
+
 Where the environment has an oracle (TextCraft: a step is a mistake when it is wasted), the
 stage reports how often the model's first error is the oracle's.
 """
@@ -37,6 +41,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from tqdm import tqdm
 
 from agents.mcts import Critique, PathPair, SearchTree, TreeNode
+from agents.turns import ReActTurns, Turns
 from flywheel.chat import ChatTokenizer
 from flywheel.inference import InferenceBackend, SamplingSettings
 from flywheel.records import Message
@@ -197,15 +202,33 @@ def content_free_step(step: TreeNode) -> TreeNode:
     )
 
 
+def unread(step: TreeNode) -> bool:
+    """No move was read from the step's reply: no action (ReAct), or a malformed one."""
+    return step.action is None or step.malformed
+
+
+def shown_step(step: TreeNode, turns: Turns, judged: bool) -> str:
+    """The step's move and what answered it, as the agent's turn format writes them. A judged
+    reply no move was read from is shown whole: it is what is judged."""
+    move = step.action if not step.malformed else None
+    shown = turns.shown_move(move, step.reply if judged else None)
+    return f"{shown}\n{turns.observation(step.observation, step.malformed).content}"
+
+
 def verifier_messages(
-    instruction: str, history: list[TreeNode], step: TreeNode, question: str
+    instruction: str,
+    history: list[TreeNode],
+    step: TreeNode,
+    question: str,
+    turns: Turns | None = None,
 ) -> list[Message]:
-    earlier = "\n".join(f"Action: {n.action}\nObservation: {n.observation}" for n in history)
+    """The verifier's prompt; steps written in `turns`' format (ReAct when not given)."""
+    turns = turns or ReActTurns()
+    earlier = "\n".join(shown_step(n, turns, judged=False) for n in history)
     prompt = (
         f"Task:\n{instruction}\n\n"
         f"Earlier steps:\n{earlier or '(none)'}\n\n"
-        f"Step to judge:\nAction: {step.action if step.action is not None else step.reply}\n"
-        f"Observation: {step.observation}\n\n"
+        f"Step to judge:\n{shown_step(step, turns, judged=True)}\n\n"
         f"{question}"
     )
     return [
@@ -350,18 +373,20 @@ def _prompt_ids(
     history = review.steps[max(0, review.at - settings.history_steps) : review.at]
     instruction = review.tree.nodes[0].observation
     step = review.steps[review.at]
+    turns = review.tree.turns()
     while True:
-        ids, _ = chat.encode(verifier_messages(instruction, history, step, question))
+        ids, _ = chat.encode(verifier_messages(instruction, history, step, question, turns))
         if len(ids) <= room:
             if blank:  # shorter than the prompt that fits: the step's text is "N/A"
                 blank_step = content_free_step(step)
-                ids, _ = chat.encode(verifier_messages(instruction, history, blank_step, question))
+                messages = verifier_messages(instruction, history, blank_step, question, turns)
+                ids, _ = chat.encode(messages)
             return ids + chat.header_ids
         if history:
             history = history[1:]
             continue
         texts = {"instruction": instruction, "observation": step.observation}
-        if step.action is None:  # the prompt shows the whole reply
+        if unread(step):  # the prompt shows the whole reply
             texts["reply"] = step.reply
         longest = max(texts, key=lambda name: len(texts[name]))
         if len(texts[longest]) <= MIN_SHORTENED_CHARS:

@@ -5,6 +5,10 @@ beats the bad one by more than beta. Scores are the environment's rewards normal
 so alpha and beta mean the same on TextCraft's {0, 1} and on SciWorld's 0-100. (Agent-R's script
 compares the values with the thresholds as read from the environment, strings, and crashes.)
 Good leaves on their own (score at least alpha) make the good-paths-only data.
+
+Where the environment says whether an episode solved its task (`TreeNode.success`: QA's exact
+match), a good leaf must also be solved: QA's reward gives partial credit (answer F1 plus a
+format term), so a wrong answer can score above alpha.
 """
 
 from __future__ import annotations
@@ -13,8 +17,13 @@ import random
 
 from pydantic import BaseModel
 
-from agents.mcts import PathPair, SearchTree, divergence
+from agents.mcts import PathPair, SearchTree, TreeNode, divergence
 from flywheel.stage import StageResult, StageRun, stage
+
+
+def good_leaf(leaf: TreeNode, alpha: float) -> bool:
+    """Scores at least alpha, and is solved where the environment decides success."""
+    return leaf.score >= alpha and (leaf.success is None or leaf.solved)
 
 
 def select_pairs(
@@ -28,7 +37,7 @@ def select_pairs(
         (good, bad)
         for good in leaves
         for bad in leaves
-        if good.id != bad.id and good.score >= alpha and good.score - bad.score > beta
+        if good.id != bad.id and good_leaf(good, alpha) and good.score - bad.score > beta
     ]
     rng = random.Random(f"{seed}:{tree.task_id}")
     rng.shuffle(candidates)
@@ -52,8 +61,8 @@ def select_pairs(
 
 
 def select_good(tree: SearchTree, alpha: float, cap: int) -> list[int]:
-    """Leaves scoring at least alpha, best first, shorter first among equals."""
-    good = [leaf for leaf in tree.leaves() if leaf.score >= float(alpha)]
+    """Good leaves (`good_leaf`), best first, shorter first among equals."""
+    good = [leaf for leaf in tree.leaves() if good_leaf(leaf, float(alpha))]
     good.sort(key=lambda leaf: (-leaf.score, leaf.depth, leaf.id))
     return [leaf.id for leaf in good[:cap]]
 
