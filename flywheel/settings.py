@@ -9,6 +9,7 @@ overrides are read by `flywheel/config_files.py`.
 
 from __future__ import annotations
 
+import random
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -776,9 +777,20 @@ class RoundSlices(Strict):
     is too slow.
     """
 
+    task_order_seed: int | None = None
+    """With `tasks_per_round`, the slices are taken from the train tasks shuffled with this seed
+    (the same order every round, so the rounds still cover every task); a list ordered by family,
+    as QA's questions are, would otherwise give a round one family. None: the listed order.
+    """
+
     def tasks_for_round(self, task_ids: list[str], round_no: int) -> list[str]:
-        """The train tasks round `round_no` (1, 2, ...) works on."""
-        return round_slice(task_ids, self.tasks_per_round, round_no)
+        """The train tasks round `round_no` (1, 2, ...) works on, in the listed order."""
+        if self.task_order_seed is None:
+            return round_slice(task_ids, self.tasks_per_round, round_no)
+        order = list(task_ids)
+        random.Random(self.task_order_seed).shuffle(order)
+        chosen = set(round_slice(order, self.tasks_per_round, round_no))
+        return [task for task in task_ids if task in chosen]
 
 
 class EvaluateSettings(Strict):

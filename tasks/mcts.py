@@ -6,7 +6,6 @@ outline of each (`trees.txt`) to inspect what the agent tried.
 
 from __future__ import annotations
 
-import random
 import time
 
 from pydantic import BaseModel, Field
@@ -36,20 +35,8 @@ class MCTSSettings(RoundSlices):
     snapshot; False replays the whole path from a fresh episode for every child (Agent-R's way).
     """
     task_order_seed: int | None = 0
-    """With `tasks_per_round`, the train tasks are shuffled with this seed before each round
-    takes its slice (the same order every round, so rounds still cover every task): a list
-    ordered by family, as QA's questions are, would give a round one family only (Agent-R1
-    shuffles too). None slices the listed order.
-    """
-
-    def tasks_for_round(self, task_ids: list[str], round_no: int) -> list[str]:
-        """Round `round_no`'s slice of the seeded order (`task_order_seed`), in the listed order."""
-        if self.task_order_seed is None:
-            return super().tasks_for_round(task_ids, round_no)
-        order = list(task_ids)
-        random.Random(self.task_order_seed).shuffle(order)
-        chosen = set(super().tasks_for_round(order, round_no))
-        return [task for task in task_ids if task in chosen]
+    """`RoundSlices.task_order_seed`, shuffling by default here: Agent-R's slices of QA's
+    family-ordered questions would each be one family (Agent-R1 shuffles too)."""
 
 
 def search_limits(settings: MCTSSettings, inference: InferenceSettings, seed: int) -> SearchLimits:

@@ -117,3 +117,27 @@ def test_step_pair_keeps_no_pair_when_the_departure_is_worth_as_much(expert):
     assert departure.shared == len(Resume(expert, 1).kept) == 2
     assert step_pair(departure, expert_value=0.5, policy_value=0.5, extra_turns=1) is None
     assert step_pair(departure, expert_value=0.5, policy_value=0.4, extra_turns=1) is not None
+
+
+def test_on_the_qa_world_a_wrong_answer_after_the_solvers_calls_is_a_pair_at_the_answer(chat):
+    """The tool format: actions read as the QA environment reads them; the policy follows the
+    solver's calls, then answers wrongly (`tests.scripted_qa`)."""
+    from envs import make_env
+    from tests.scripted_qa import WRONG_ANSWER, PlannedQABackend
+
+    env = make_env(EnvSettings(name="qa"))
+    task = next(t for t in env.task_ids("train") if len(env.expert_plan(t)) >= 3)
+    expert = expert_trajectory(env, task, instruction_part(env))
+    inputs = StepPairsInputs(
+        model_url="m", env=EnvSettings(name="qa"), expert_url="e", task_ids=[task],
+        inference=InferenceSettings(), max_steps=6, rollouts=0, temperature=1.0, extra_turns=1,
+        seed=0,
+    )  # fmt: skip
+    backend = PlannedQABackend(env, chat, {task: "wrong-answer"}, mistake_seed=0)
+    pairs, counts = find_step_pairs(_Play(env, backend, chat, inputs), [expert])
+    last = expert.n_steps - 1
+    assert counts["departures"] == 1 and [p.step for p in pairs] == [last]
+    [pair] = pairs
+    assert pair.chosen == expert.continuation[-1:]  # the solver's answer, after its own calls
+    assert pair.rejected[0].content == WRONG_ANSWER
+    assert pair.prompt == expert.prompt + expert.continuation[:-1]
