@@ -96,6 +96,9 @@ def step_pair(
     )
 
 
+FAILED_ENDINGS = ("error", "lost", "replay")  # `agents.rollout`'s finish reasons of such episodes
+
+
 def success_rate(trajectories: list[Trajectory]) -> float:
     return sum(t.success for t in trajectories) / len(trajectories)
 
@@ -144,22 +147,30 @@ def find_step_pairs(play: _Play, experts: list[Trajectory]) -> tuple[list[Pair],
     by_expert: dict[str, list[Trajectory]] = {}
     for (expert, _), trajectory in zip(starts, greedy, strict=True):
         by_expert.setdefault(expert.task_id, []).append(trajectory)
-    found = [d for e in experts for d in departures(e, by_expert.get(e.task_id, []), env)]
-    found = [d for d in found if not d.policy.finish_reason.startswith(("error", "lost", "replay"))]
-    if k:  # k continuations after the expert's step and k after the policy's, in one call
-        after = [Resume(side, d.step + 1) for d in found for side in (d.expert, d.policy)]
-        played = play([r for r in after for _ in range(k)], sampled=True)
-        values = [success_rate(played[i : i + k]) for i in range(0, len(played), k)]
-        scored = [
-            (d, values[2 * j], values[2 * j + 1]) for j, d in enumerate(found)
-        ]  # expert's, policy's
-    else:
-        scored = [(d, float(d.expert.success), float(d.policy.success)) for d in found]
-    made = [step_pair(d, mine, theirs, play.inputs.extra_turns) for d, mine, theirs in scored]
+    departed = [d for e in experts for d in departures(e, by_expert.get(e.task_id, []), env)]
+    # a continuation the environment failed or lost says nothing about the policy
+    found = [d for d in departed if not d.policy.finish_reason.startswith(FAILED_ENDINGS)]
+    values = step_values(play, found, k)
+    made = [step_pair(d, *v, play.inputs.extra_turns) for d, v in zip(found, values, strict=True)]
     pairs = [pair for pair in made if pair is not None]
     counts = Counter(expert_steps=len(starts), departures=len(found), pairs=len(pairs))
+    counts["departures_unplayable"] = len(departed) - len(found)
     counts.update(f"pairs_at_step_{p.step + 1}" for p in pairs)
     return pairs, counts
+
+
+def step_values(play: _Play, found: list[Departure], k: int) -> list[tuple[float, float]]:
+    """(expert's, policy's) value of each departure's step: the success rate of `k` sampled
+    continuations after it, all played in one call; a side whose episode ended at that step
+    (an answer, the step limit), and every side when `k` is 0, is worth its own outcome."""
+    sides = [(side, d.step) for d in found for side in (d.expert, d.policy)]
+    values = [float(side.success) for side, _ in sides]
+    going_on = [i for i, (side, step) in enumerate(sides) if k and side.n_steps > step + 1]
+    resumes = [Resume(sides[i][0], sides[i][1] + 1) for i in going_on]
+    played = play([r for r in resumes for _ in range(k)], sampled=True)
+    for j, i in enumerate(going_on):
+        values[i] = success_rate(played[j * k : (j + 1) * k])
+    return list(zip(values[::2], values[1::2], strict=True))
 
 
 @stage("step-pairs")

@@ -81,6 +81,7 @@ def test_a_departure_that_stalls_is_paired_on_the_state_both_sides_share(textcra
     (pairs, counts), _ = play(textcraft, chat, expert, rollouts=0, recovers=False)
     assert dict(counts) == {
         "expert_steps": expert.n_steps, "departures": 1, "pairs": 1, "pairs_at_step_2": 1,
+        "departures_unplayable": 0,
     }  # fmt: skip
     [pair] = pairs
     shared = expert.continuation[:2]  # the expert's first action and what answered it
@@ -119,9 +120,13 @@ def test_step_pair_keeps_no_pair_when_the_departure_is_worth_as_much(expert):
     assert step_pair(departure, expert_value=0.5, policy_value=0.4, extra_turns=1) is not None
 
 
-def test_on_the_qa_world_a_wrong_answer_after_the_solvers_calls_is_a_pair_at_the_answer(chat):
+@pytest.mark.parametrize("rollouts", [0, 2])
+def test_on_the_qa_world_a_wrong_answer_after_the_solvers_calls_is_a_pair_at_the_answer(
+    chat, rollouts
+):
     """The tool format: actions read as the QA environment reads them; the policy follows the
-    solver's calls, then answers wrongly (`tests.scripted_qa`)."""
+    solver's calls, then answers wrongly (`tests.scripted_qa`). An answer ends the episode: each
+    side's step is worth its own outcome, no continuation is sampled after it."""
     from envs import make_env
     from tests.scripted_qa import WRONG_ANSWER, PlannedQABackend
 
@@ -130,7 +135,8 @@ def test_on_the_qa_world_a_wrong_answer_after_the_solvers_calls_is_a_pair_at_the
     expert = expert_trajectory(env, task, instruction_part(env))
     inputs = StepPairsInputs(
         model_url="m", env=EnvSettings(name="qa"), expert_url="e", task_ids=[task],
-        inference=InferenceSettings(), max_steps=6, rollouts=0, temperature=1.0, extra_turns=1,
+        inference=InferenceSettings(), max_steps=6, rollouts=rollouts, temperature=1.0,
+        extra_turns=1,
         seed=0,
     )  # fmt: skip
     backend = PlannedQABackend(env, chat, {task: "wrong-answer"}, mistake_seed=0)
@@ -141,3 +147,4 @@ def test_on_the_qa_world_a_wrong_answer_after_the_solvers_calls_is_a_pair_at_the
     assert pair.chosen == expert.continuation[-1:]  # the solver's answer, after its own calls
     assert pair.rejected[0].content == WRONG_ANSWER
     assert pair.prompt == expert.prompt + expert.continuation[:-1]
+    assert (pair.chosen_reward, pair.rejected_reward) == (1.0, 0.0)
