@@ -27,7 +27,8 @@ class PairReport:
     crashed: int = 0  # the environment failed (or was lost) under the exploration: not paired
 
 
-def _ends_on_agent(messages: list[Message]) -> list[Message]:
+def ends_on_agent(messages: list[Message]) -> list[Message]:
+    """`messages` without a trailing observation: a pair's sides end on an agent turn."""
     return messages[:-1] if messages and messages[-1].role == "user" else messages
 
 
@@ -60,7 +61,7 @@ def build_pairs(
                 trajectory.reward,
                 golden.reward,
             )
-        chosen, rejected = _ends_on_agent(chosen), _ends_on_agent(rejected)
+        chosen, rejected = ends_on_agent(chosen), ends_on_agent(rejected)
         if not chosen or not rejected:
             report.dropped += 1
             continue

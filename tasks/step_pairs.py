@@ -28,7 +28,7 @@ from flywheel.inference import SamplingSettings
 from flywheel.records import Pair, Trajectory
 from flywheel.settings import EnvSettings, InferenceSettings
 from flywheel.stage import StageResult, StageRun, stage
-from tasks.build_pairs import _ends_on_agent
+from tasks.build_pairs import ends_on_agent
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def step_pair(
     shared = departure.shared
     chosen = departure.expert.continuation[shared:]
     rejected = departure.policy.continuation[shared:][: len(chosen) + 2 * extra_turns]
-    chosen, rejected = _ends_on_agent(chosen), _ends_on_agent(rejected)
+    chosen, rejected = ends_on_agent(chosen), ends_on_agent(rejected)
     if not chosen or not rejected:
         return None
     kept = departure.expert.continuation[:shared]
@@ -119,7 +119,7 @@ class StepPairsInputs(BaseModel):
 
 
 @dataclass
-class _Play:
+class StepPlayer:
     """One continue_batched call's settings: greedy, or sampled with the stage's seed."""
 
     env: Environment
@@ -139,7 +139,7 @@ class _Play:
         return continue_batched(self.env, resumes, self.backend, self.chat, settings)
 
 
-def find_step_pairs(play: _Play, experts: list[Trajectory]) -> tuple[list[Pair], Counter]:
+def find_step_pairs(play: StepPlayer, experts: list[Trajectory]) -> tuple[list[Pair], Counter]:
     """Greedy continuations from every expert turn, the departures among them, their values."""
     env, k = play.env, play.inputs.rollouts
     starts = [(e, t) for e in experts for t in range(e.n_steps)]
@@ -159,7 +159,7 @@ def find_step_pairs(play: _Play, experts: list[Trajectory]) -> tuple[list[Pair],
     return pairs, counts
 
 
-def step_values(play: _Play, found: list[Departure], k: int) -> list[tuple[float, float]]:
+def step_values(play: StepPlayer, found: list[Departure], k: int) -> list[tuple[float, float]]:
     """(expert's, policy's) value of each departure's step: the success rate of `k` sampled
     continuations after it, all played in one call; a side whose episode ended at that step
     (an answer, the step limit), and every side when `k` is 0, is worth its own outcome."""
@@ -190,7 +190,7 @@ def step_pairs_stage(inputs: StepPairsInputs, run: StageRun) -> StageResult:
     env = make_env(inputs.env)
     env.check()
     backend = open_backend(inputs.inference, model_dir, chat.tokenizer, inputs.rollouts > 0)
-    pairs, counts = find_step_pairs(_Play(env, backend, chat, inputs), experts)
+    pairs, counts = find_step_pairs(StepPlayer(env, backend, chat, inputs), experts)
     return StageResult(
         files={"pairs": store.write_records(run.file("pairs.jsonl"), pairs)},
         counts={"experts": len(experts), **counts},

@@ -15,7 +15,7 @@ from flywheel.settings import EnvSettings, InferenceSettings
 from tasks.step_pairs import (
     Departure,
     StepPairsInputs,
-    _Play,
+    StepPlayer,
     departures,
     find_step_pairs,
     step_pair,
@@ -74,7 +74,7 @@ def play(textcraft, chat, expert, rollouts: int, recovers: bool, depart_at: int 
         inference=InferenceSettings(), max_steps=expert.n_steps + 4, rollouts=rollouts,
         temperature=1.0, extra_turns=1, seed=0,
     )  # fmt: skip
-    return find_step_pairs(_Play(textcraft, backend, chat, inputs), [expert]), backend
+    return find_step_pairs(StepPlayer(textcraft, backend, chat, inputs), [expert]), backend
 
 
 def test_a_departure_that_stalls_is_paired_on_the_state_both_sides_share(textcraft, chat, expert):
@@ -140,7 +140,7 @@ def test_on_the_qa_world_a_wrong_answer_after_the_solvers_calls_is_a_pair_at_the
         seed=0,
     )  # fmt: skip
     backend = PlannedQABackend(env, chat, {task: "wrong-answer"}, mistake_seed=0)
-    pairs, counts = find_step_pairs(_Play(env, backend, chat, inputs), [expert])
+    pairs, counts = find_step_pairs(StepPlayer(env, backend, chat, inputs), [expert])
     last = expert.n_steps - 1
     assert counts["departures"] == 1 and [p.step for p in pairs] == [last]
     [pair] = pairs
