@@ -216,10 +216,9 @@ def test_a_failed_stage_is_readable_through_the_prefect_api(campaign):
     record = campaign["failed_record_after_second"]
     assert record["stage"] == "dpo" and "max_length=64" in record["message"]
     store = campaign["store"]
-    for name in ("model_url", "pairs_url"):  # the failed stage's inputs stay in the store
-        assert (
-            store.exists(record["inputs"][name]) and record["inputs"][name] in stage_artifact.data
-        )
+    inputs = record["inputs"]
+    for url in [inputs["model_url"], *inputs["pairs_urls"]]:  # the failed stage's inputs stay
+        assert store.exists(url) and url in stage_artifact.data
     assert any(url.endswith("train.log") for url in record["partial_outputs"])
 
     run_artifact = failure_artifact("campaign-tiny-failed")
