@@ -184,3 +184,17 @@ def s3_store(tmp_path, monkeypatch):
     yield ArtifactStore("s3://flywheel/runs")
     server.stop()
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+def running_command_lines() -> list[str]:
+    """The command line of every running process. Listed from /proc's names, each read on its
+    own: a process that ends meanwhile is skipped (pathlib's glob stats each entry and raised
+    ProcessLookupError for one that ended between the listing and the stat)."""
+    lines = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                lines.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:  # ended meanwhile
+            continue
+    return lines

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import running_command_lines
 
 from envs.sandbox import SandboxLimits, SandboxRun, interpreter_view, run_python
 from envs.tools import PythonTool
@@ -291,15 +292,7 @@ def test_the_boxs_processes_end_with_the_run(tmp_path):
     code = f"{LIBC}\nif libc.fork() == 0:\n    libc.sleep(60)\nprint('parent done')"
     run = run_python(code, SandboxLimits(root=str(tmp_path)))
     assert run.stdout == "parent done\n"
-    leftover = [p for p in Path("/proc").glob("[0-9]*/cmdline") if str(tmp_path) in _read(p)]
-    assert leftover == []
-
-
-def _read(cmdline: Path) -> str:
-    try:
-        return cmdline.read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
+    assert [line for line in running_command_lines() if str(tmp_path) in line] == []
 
 
 # ---- the box's init, its disk and what it shows of the host -----------------------------------

@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import running_command_lines
 
 from envs.sandbox import SandboxLimits
 from envs.tools import AnswerTool, PythonTool, SearchTool, Tool, ToolSettings, truncate
@@ -140,15 +141,7 @@ def test_answer_is_recorded():
 
 def processes_mentioning(text: str) -> list[str]:
     """Command lines of running processes that contain `text`."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # ended meanwhile
-            continue
-        if text in line:
-            found.append(line)
-    return found
+    return [line for line in running_command_lines() if text in line]
 
 
 ISOLATION_OF: dict[Path, str] = {}  # the box each test's sandbox_root stands for
