@@ -339,6 +339,17 @@ def _observe(
             state.finish_reason = "context"
 
 
+# The finish reasons of episodes the environment failed ("error: ...") or lost ("lost: ..."):
+# they say nothing about the policy (`_error_reason`).
+ENVIRONMENT_FAILED = ("error", "lost")
+
+
+def is_solved(env: Environment, episode: Episode | None, reward: float) -> bool:
+    """The episode's own verdict where it gives one (`Episode.solved`), else a full reward."""
+    verdict = episode.solved() if episode else None
+    return env.normalise(reward) >= 1.0 if verdict is None else verdict
+
+
 def _error_reason(error: Exception) -> str:
     """ "lost: ..." when the environment could not be reached (the episode says nothing about the
     policy), "error: ..." when it failed on the episode's own action."""
@@ -351,9 +362,7 @@ def _to_trajectory(env: Environment, state: _Live, episode_start: int, grouped: 
     if messages[-1].role == "user" and len(messages) > episode_start + 1:
         messages = messages[:-1]  # a trailing observation nobody answered
     episode = state.episode
-    solved = episode.solved() if episode else None
-    if solved is None:
-        solved = env.normalise(state.reward) >= 1.0
+    solved = is_solved(env, episode, state.reward)
     return Trajectory(
         task_id=state.task_id,
         env=env.name,

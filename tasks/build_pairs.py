@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from agents.rollout import ENVIRONMENT_FAILED
 from flywheel.records import Message, Pair, Trajectory
 from flywheel.stage import StageResult, StageRun, stage
 
@@ -38,7 +39,7 @@ def build_pairs(
     experts = {t.task_id: t for t in expert}
     pairs, report = [], PairReport()
     for trajectory in explored:
-        if trajectory.finish_reason.startswith(("error", "lost")):
+        if trajectory.finish_reason.startswith(ENVIRONMENT_FAILED):
             report.crashed += 1
             continue
         golden = experts.get(trajectory.task_id)

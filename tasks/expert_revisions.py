@@ -19,16 +19,15 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field, model_validator
 
+from agents.rollout import ENVIRONMENT_FAILED, is_solved
 from agents.turns import Reply, Turns, turns_for
 from flywheel.records import Message, Trajectory
 from flywheel.settings import EnvSettings
 from flywheel.stage import StageResult, StageRun, stage
+from tasks.mix_general import draw_cycling
 from tasks.splice import REVISION_THOUGHTS
 
 SOURCE = "expert-revision"
-# Finish reasons of episodes the environment failed (its server lost, a step raising): they
-# say nothing about the policy's mistakes.
-NOT_THE_POLICYS = ("error", "lost")
 SKIPS = ("no_first_error", "no_continuation", "replay_mismatch")
 
 
@@ -41,7 +40,7 @@ class Skip(Exception):
 
 
 def is_failure(trajectory: Trajectory) -> bool:
-    return not trajectory.success and not trajectory.finish_reason.startswith(NOT_THE_POLICYS)
+    return not trajectory.success and not trajectory.finish_reason.startswith(ENVIRONMENT_FAILED)
 
 
 def agent_turns(trajectory: Trajectory) -> list[tuple[Message, Message | None]]:
@@ -128,12 +127,6 @@ def play_row(env, turns: Turns, trajectory: Trajectory, end: int, revision: Mess
     return played
 
 
-def is_solved(env, episode, reward: float) -> bool:
-    """As the rollout decides it: the episode's own verdict, else a full reward."""
-    solved = episode.solved()
-    return env.normalise(reward) >= 1.0 if solved is None else solved
-
-
 def expert_continuation(env, turns: Turns, trajectory: Trajectory, end: int, revision: Message):
     """The row whose expert part is the shortest suffix of the expert's plan that solves the
     task from where the revision leaves it (the full plan last: it may redo what the prefix
@@ -187,12 +180,8 @@ def mix_expert(
 ) -> list[Trajectory]:
     """`rows`, then round(len(rows) * ratio) expert trajectories drawn with `seed`, without
     replacement while they last (then again from all of them)."""
-    wanted = round(len(rows) * ratio)
     rng = random.Random(f"expert-sft:{seed}")  # apart from the revision thoughts' draws
-    drawn = []
-    while expert and len(drawn) < wanted:
-        drawn += rng.sample(expert, min(len(expert), wanted - len(drawn)))
-    return rows + drawn
+    return rows + draw_cycling(expert, round(len(rows) * ratio), rng)
 
 
 def error_step_counts(error_steps: list[int]) -> dict[str, int]:

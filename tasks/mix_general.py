@@ -55,15 +55,20 @@ def general_share(count: int, eta: float) -> int:
     return round(count * eta / (1 - eta))
 
 
+def draw_cycling(items: list, wanted: int, rng: random.Random) -> list:
+    """`wanted` of `items` drawn with `rng`: without replacement while they last, then again
+    from all of them (none from an empty list)."""
+    drawn = []
+    while items and len(drawn) < wanted:
+        drawn += rng.sample(items, min(len(items), wanted - len(drawn)))
+    return drawn
+
+
 def mix(
     trajectories: list[Trajectory], general: list[Trajectory], eta: float, seed: int
 ) -> list[Trajectory]:
-    wanted = general_share(len(trajectories), eta)
     rng = random.Random(seed)
-    drawn = []
-    while general and len(drawn) < wanted:  # without replacement, then again from the top
-        drawn += rng.sample(general, min(len(general), wanted - len(drawn)))
-    mixed = trajectories + drawn
+    mixed = trajectories + draw_cycling(general, general_share(len(trajectories), eta), rng)
     rng.shuffle(mixed)
     return mixed
 

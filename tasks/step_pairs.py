@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from agents.rollout import Resume, RolloutSettings, continue_batched
+from agents.rollout import ENVIRONMENT_FAILED, Resume, RolloutSettings, continue_batched
 from agents.turns import turns_for
 from envs.base import Environment
 from flywheel.inference import SamplingSettings
@@ -96,7 +96,9 @@ def step_pair(
     )
 
 
-FAILED_ENDINGS = ("error", "lost", "replay")  # `agents.rollout`'s finish reasons of such episodes
+# The environment's failures, and a continuation whose replay of the expert's turns went wrong
+# ("replay-..."): none says anything about the policy.
+FAILED_ENDINGS = (*ENVIRONMENT_FAILED, "replay")
 
 
 def success_rate(trajectories: list[Trajectory]) -> float:
