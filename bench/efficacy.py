@@ -79,6 +79,12 @@ RECIPES = {  # recipe -> (flow module, shipped config)
     "et-agent": ("flows.et_agent", "configs/et_agent_qa.yaml"),
 }
 ENVIRONMENT = {"eto": "textcraft", "agent-r": "textcraft", "agent-r1": "qa", "et-agent": "qa"}
+# `--environment qa` runs ETO and Agent-R from the competent QA warm start instead (issue 66:
+# the regime the papers ran in); those configs carry their own budget (a seeded 48-question slice).
+OTHER_CONFIGS = {
+    ("eto", "qa"): "configs/eto_qa.yaml",
+    ("agent-r", "qa"): "configs/agent_r_qa.yaml",
+}
 # The budget on top of the shipped configs: every easy train task less the validation split,
 # every easy held-out task, and (with --rounds 2) twice the demos' rounds. Per recipe, the slice of train tasks a round
 # explores or searches: ETO twice the demo's 16; Agent-R 32 a round, so its two rounds search
@@ -139,6 +145,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="what the rates are on: validation while choosing settings, test for reporting",
     )  # fmt: skip
     parser.add_argument(
+        "--environment", choices=sorted(set(ENVIRONMENT.values())), default=None,
+        help="run the recipes on this environment (default: each recipe's own, ETO and Agent-R "
+        "on TextCraft, the RL recipes on QA); qa runs ETO and Agent-R from the QA warm start",
+    )  # fmt: skip
+    parser.add_argument(
         "--gpu", action="store_true", help="the GPU budget: every train task each round, no "
         "layer frozen (see GPU_BUDGET)"
     )  # fmt: skip
@@ -150,8 +161,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def recipe_budget(recipe: str, gpu: bool) -> list[str]:
-    return (GPU_BUDGET if gpu else RECIPE_BUDGET)[recipe]
+def recipe_environment(recipe: str, args) -> str:
+    return getattr(args, "environment", None) or ENVIRONMENT[recipe]
+
+
+def recipe_config(recipe: str, args) -> str:
+    """The shipped config a run of `recipe` starts from, refused where the recipe has none for
+    the chosen environment."""
+    environment = recipe_environment(recipe, args)
+    if environment == ENVIRONMENT[recipe]:
+        return RECIPES[recipe][1]
+    if (recipe, environment) not in OTHER_CONFIGS:
+        raise SystemExit(f"{recipe} has no config for --environment {environment}")
+    return OTHER_CONFIGS[(recipe, environment)]
+
+
+def recipe_budget(recipe: str, args) -> list[str]:
+    """The recipe's budget past its config: on another environment, that config's own."""
+    if recipe_environment(recipe, args) != ENVIRONMENT[recipe]:
+        return []
+    return (GPU_BUDGET if args.gpu else RECIPE_BUDGET)[recipe]
 
 
 def run_name(recipe: str, seed: int) -> str:
@@ -165,7 +194,8 @@ def split_overrides(split: str) -> list[str]:
 def recipe_settings(recipe: str, args) -> list[str]:
     """Every override a run of `recipe` gets, past its shipped config."""
     return [
-        f"rounds={args.rounds}", *BUDGET[ENVIRONMENT[recipe]], *recipe_budget(recipe, args.gpu),
+        f"rounds={args.rounds}", *BUDGET[recipe_environment(recipe, args)],
+        *recipe_budget(recipe, args),
         *split_overrides(args.split), *args.set,
     ]  # fmt: skip
 
@@ -183,15 +213,17 @@ def config_model(recipe: str):
     }[recipe]  # fmt: skip
 
 
-def task_splits(recipe: str, overrides: list[str], seed: int) -> dict[str, list[str]]:
+def task_splits(
+    recipe: str, overrides: list[str], seed: int, config: str | None = None
+) -> dict[str, list[str]]:
     """The train tasks a run of `recipe` trains on, and its validation and test tasks, as the
     flow computes them; refused when any two share a task."""
     from envs import make_env
     from flywheel.config_files import load_config
     from ops.driver import run_task_lists
 
-    config = str(ROOT / RECIPES[recipe][1])
-    settings = load_config(config_model(recipe), config, [*overrides, f"seed={seed}"])
+    path = str(ROOT / (config or RECIPES[recipe][1]))
+    settings = load_config(config_model(recipe), path, [*overrides, f"seed={seed}"])
     splits = run_task_lists(make_env(settings.env), settings.env, seed)
     check_disjoint(splits)
     return splits
@@ -208,9 +240,8 @@ def check_disjoint(splits: dict[str, list[str]]) -> None:
 
 def run_recipe(recipe: str, seed: int, args) -> float:
     """Run one recipe on one seed to the end; its wall time in seconds."""
-    module, config = RECIPES[recipe]
     command = [
-        sys.executable, "-m", module, "--config", str(ROOT / config),
+        sys.executable, "-m", RECIPES[recipe][0], "--config", str(ROOT / recipe_config(recipe, args)),
         f"storage_url={args.store}", f"run_name={run_name(recipe, seed)}",
         f"seed={seed}", *recipe_settings(recipe, args),
     ]  # fmt: skip
@@ -358,11 +389,14 @@ def results_data(args, runs, seeds: list[int], walls: dict, argv=None) -> dict:
                 "tokens": runs.tokens(recipe, seed),
                 "wall_s": walls.get((recipe, seed)),
             }
-    shared = {"split": args.split, "rounds": args.rounds, "set": args.set, "gpu": args.gpu}
+    shared = {
+        "split": args.split, "rounds": args.rounds, "set": args.set, "gpu": args.gpu,
+        "environment": args.environment,
+    }  # fmt: skip
     return {**shared, "command": report_command(argv), "runs": entries}
 
 
-SHARED_SETTINGS = ("split", "rounds", "set", "gpu")
+SHARED_SETTINGS = ("split", "rounds", "set", "gpu", "environment")
 
 
 def load_results(args) -> tuple[SavedRuns, list[int], dict]:
@@ -374,7 +408,7 @@ def load_results(args) -> tuple[SavedRuns, list[int], dict]:
     entries: dict[str, dict] = {}
     for path, data in files:
         for name in SHARED_SETTINGS:
-            if data[name] != first[name]:
+            if data.get(name) != first.get(name):
                 raise SystemExit(
                     f"{path} was run with {name}={data[name]!r} but {first_path} with "
                     f"{first[name]!r}: pool only runs made with the same settings"
@@ -384,7 +418,7 @@ def load_results(args) -> tuple[SavedRuns, list[int], dict]:
                 raise SystemExit(f"{path} holds {key} (recipe:seed) again: pool each run once")
             entries[key] = entry
     for name in SHARED_SETTINGS:
-        setattr(args, name, first[name])
+        setattr(args, name, first.get(name))
     pooled = [tuple(key.rsplit(":", 1)) for key in entries]
     args.recipes = [r for r in RECIPES if any(r == recipe for recipe, _ in pooled)]
     seeds = sorted({int(seed) for _, seed in pooled})
@@ -574,10 +608,12 @@ def splits_lines(args, seeds: list[int]) -> list[str]:
         "tasks out as the validation split and never trains on them; settings are chosen on "
         "validation, the test split is read only for reported tables.",
     ]
-    for environment in dict.fromkeys(ENVIRONMENT[r] for r in args.recipes):
-        recipes = [r for r in args.recipes if ENVIRONMENT[r] == environment]
+    for environment in dict.fromkeys(recipe_environment(r, args) for r in args.recipes):
+        recipes = [r for r in args.recipes if recipe_environment(r, args) == environment]
         lists = {
-            (recipe, seed): task_splits(recipe, recipe_settings(recipe, args), seed)
+            (recipe, seed): task_splits(
+                recipe, recipe_settings(recipe, args), seed, recipe_config(recipe, args)
+            )
             for recipe in recipes
             for seed in seeds
         }
@@ -774,7 +810,7 @@ def write_report(args, runs, seeds: list[int], walls: dict, argv) -> None:
         + (f"; every run: `{' '.join(args.set)}`" if args.set else "")
         + "; "
         + "; ".join(
-            f"{r}: `{' '.join(budget)}`" if (budget := recipe_budget(r, args.gpu)) else f"{r}: none"
+            f"{r}: `{' '.join(budget)}`" if (budget := recipe_budget(r, args)) else f"{r}: none"
             for r in args.recipes
         )
         + ", "

@@ -413,3 +413,24 @@ def test_the_report_reads_a_run_store_on_s3_as_it_reads_a_folder(tmp_path, s3_st
     assert on_s3.tokens("et-agent", 0) == {"sft": 200}
     assert on_s3.has_variant("et-agent", 0, "sampled")
     assert not on_s3.has_variant("et-agent", 0, "harder")
+
+
+def test_the_environment_flag_runs_eto_and_agent_r_from_the_qa_warm_start(tmp_path):
+    from flywheel.config_files import load_config
+
+    for recipe in ("eto", "agent-r"):
+        args = arguments(tmp_path, "--environment", "qa", "--recipes", recipe)
+        config = efficacy.recipe_config(recipe, args)
+        assert config.endswith("_qa.yaml")
+        overrides = efficacy.recipe_settings(recipe, args)
+        # The QA config's own slice, not TextCraft's 32-task budget.
+        assert not any("tasks_per_round" in o or "test_tasks" in o for o in overrides)
+        settings = load_config(efficacy.config_model(recipe), str(efficacy.ROOT / config), overrides)
+        assert settings.env.name == "qa" and settings.env.validation_tasks == 40
+        splits = efficacy.task_splits(recipe, overrides, 0, config)
+        agent_r1 = efficacy.task_splits(
+            "agent-r1", efficacy.recipe_settings("agent-r1", arguments(tmp_path)), 0
+        )
+        assert splits["validation"] == agent_r1["validation"]  # the same held-out questions
+    with pytest.raises(SystemExit, match="no config"):
+        efficacy.recipe_config("agent-r1", arguments(tmp_path, "--environment", "textcraft"))
