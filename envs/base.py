@@ -190,6 +190,15 @@ class Environment(ABC):
         environment has no such oracle."""
         return None
 
+    def expert_continuation(
+        self, task_id: str, actions: list[str | None]
+    ) -> list[tuple[str, str]] | None:
+        """(thought, action) steps of the expert's that solve `task_id` from where the played
+        path `actions` leaves it, redoing what the path has not done ([] when none can from
+        there). None: the environment has none of its own, and Agent-R's expert revisions take
+        the shortest suffix of `expert_plan` that solves the task (`tasks.expert_revisions`)."""
+        return None
+
 
 def _step_or_error(move: tuple[Episode, str]) -> StepResult | Exception:
     episode, action = move

@@ -20,6 +20,11 @@ The expert (`expert_plan`, played by `agents.rollout.expert_trajectory` for the 
 scripted solver: it searches the title of each of the question's supporting documents, computes
 arithmetic answers with python from the numbers those documents hold (generated questions), and
 answers with the gold answer.
+
+Agent-R's expert revisions (`tasks.expert_revisions`) use two more pieces, both from a played
+path replayed without the sandbox (`PathReplay`): the oracle (`mistakes`), and the solver's steps
+still needed from where a path leaves the question (`expert_continuation`): not only its answer,
+which would teach the policy to answer without looking anything up.
 """
 
 from __future__ import annotations
@@ -254,6 +259,45 @@ class QAEnv(Environment):
                 results[position] = moves[position][0].complete(output)
         return results
 
+    def mistakes(self, task_id: str, actions: list[str | None]) -> list[bool] | None:
+        """A reply without a call, a call of an unknown tool or a refused one; a search that
+        returns no supporting document of the question that no earlier search returned; python
+        where the solver uses none, or before every supporting document was found (it cannot have
+        the numbers); an answer that does not solve the question (`QAEpisode.solved`). None for
+        questions the solver cannot answer."""
+        plan = self.expert_plan(task_id)
+        if plan is None:
+            return None
+        replay = PathReplay(self, task_id, plan)
+        return [replay.step(action) for action in actions]
+
+    def expert_continuation(self, task_id: str, actions: list[str | None]) -> list[tuple[str, str]]:
+        """The solver's steps after `actions`: its searches for the supporting documents their
+        searches have not returned, its python step (if any), its answer. [] when the question
+        was answered, or the tool calls left are too few (the path's calls, run or refused, and
+        these must fit `max_tool_calls`)."""
+        plan = self.expert_plan(task_id)
+        if plan is None:
+            return []
+        replay = PathReplay(self, task_id, plan)
+        for action in actions:
+            replay.step(action)
+        if replay.episode.outcome is not None:
+            return []
+        found, steps = set(replay.found), []
+        for thought, action in plan:
+            move = read_action(action)
+            if move.name == "search":
+                new = replay.returned(move.arguments) - found
+                if not new:  # the path (or an earlier step of the plan) found it already
+                    continue
+                found |= new
+            steps.append((thought, action))
+        calls = sum(read_action(action).name != ANSWER.name for _, action in steps)
+        if replay.calls_asked + calls > self.settings.max_tool_calls:
+            return []
+        return steps
+
     def expert_plan(self, task_id: str) -> list[tuple[str, str]] | None:
         split = self.split_of(task_id)
         record = self.questions(split)[task_id]
@@ -263,6 +307,42 @@ class QAEnv(Environment):
         if plan is None or len(plan) - 1 > self.settings.max_tool_calls:
             return None
         return plan
+
+
+class PathReplay:
+    """A played path's effect on a fresh episode, without the sandbox: the episode's own
+    bookkeeping (the tool-call budget, refusals, the answer's exact match), searches run on the
+    split's index, python not run. Keeps the supporting documents the searches returned."""
+
+    def __init__(self, env: QAEnv, task_id: str, plan: list[tuple[str, str]]):
+        self.episode = env.start(task_id)
+        corpus = env.data(env.split_of(task_id)).corpus
+        wanted = set(self.episode.record.supporting_ids)
+        self.supporting = {d.id: searchable_text(d) for d in corpus if d.id in wanted}
+        self.solver_uses_python = any(read_action(a).name == "python" for _, a in plan)
+        self.found: set[str] = set()
+        self.calls_asked = 0  # tool calls the path made, run or refused
+
+    def returned(self, arguments: dict) -> set[str]:
+        """The supporting documents a search shows: their text is in its result (as the agent
+        reads it, after any truncation)."""
+        result = self.episode.tools["search"].execute(arguments)
+        return {i for i, text in self.supporting.items() if text in result}
+
+    def step(self, action: str | None) -> bool:
+        """Take `action`; whether it was a mistake (`QAEnv.mistakes`)."""
+        if action is None or self.episode.outcome is not None:
+            return True
+        move = read_action(action)
+        self.calls_asked += isinstance(move, CallRequest) and move.name in self.episode.tools
+        pending = self.episode.prepare(action)
+        if isinstance(pending, StepResult):  # an answer, a refusal, a malformed reply
+            return not self.episode.solved()
+        if pending.tool.name == "python":
+            return not (self.solver_uses_python and self.found == set(self.supporting))
+        new = self.returned(pending.arguments) - self.found
+        self.found |= new
+        return not new
 
 
 # ---- the prompt ---------------------------------------------------------------------------------

@@ -6,6 +6,12 @@ error (the environment's oracle), a revision turn taking the no-op, then the exp
 the state the episode is in. The row is played for real in a fresh episode (the prefix's actions
 replayed, the no-op, the expert's steps), so every observation in it is one the environment gave.
 
+As in the splice, the bad prefix never holds a step that ended the episode (QA's wrong answer):
+nothing comes after it, so the prefix stops before it. TextCraft's episodes end only when solved.
+The expert's part is the environment's own continuation where it has one
+(`Environment.expert_continuation`: QA redoes the lookups its answer needs), else the shortest
+suffix of the expert's plan that solves the task.
+
 Loss as in the splice: none on the bad prefix, on the revision turn and the expert's turns.
 Expert trajectories may be mixed in, `expert_sft_ratio` per revision row, so that the policy
 keeps learning to solve a task from its start too.
@@ -63,6 +69,16 @@ def first_error(env, turns: Turns, trajectory: Trajectory) -> int:
     return flags.index(True)
 
 
+def bad_prefix_end(trajectory: Trajectory, error: int) -> int:
+    """The bad prefix's last agent turn: the first error, or the turn before it when that error
+    ended the episode (nothing comes after it to revise). An episode ended by its first turn
+    leaves nothing to revise."""
+    ended = trajectory.finish_reason == "done" and error == len(agent_turns(trajectory)) - 1
+    if error - ended < 0:
+        raise Skip("no_continuation")
+    return error - ended
+
+
 @dataclass
 class Played:
     """A row's episode as it was played: its instruction, then every turn and answer."""
@@ -101,7 +117,7 @@ def replay_prefix(
     for turn, recorded in prefix:
         reply = turns.read(turn.content)
         answer = take_turn(played, episode, turns, turn.model_copy(update={"loss": False}), reply)
-        if played.done:  # the failed episode ended at its error: nothing left to revise
+        if played.done:  # a step of the prefix ended the episode: nothing left to revise
             raise Skip("no_continuation")
         if recorded is not None and recorded.content != answer.content:
             raise Skip("replay_mismatch")
@@ -127,13 +143,24 @@ def play_row(env, turns: Turns, trajectory: Trajectory, end: int, revision: Mess
     return played
 
 
-def expert_continuation(env, turns: Turns, trajectory: Trajectory, end: int, revision: Message):
-    """The row whose expert part is the shortest suffix of the expert's plan that solves the
-    task from where the revision leaves it (the full plan last: it may redo what the prefix
-    already did, which teaches the policy to waste steps)."""
+def expert_continuations(env, turns: Turns, trajectory: Trajectory, end: int) -> list:
+    """The expert parts to try, in order: the environment's own continuation from where the
+    prefix and the no-op leave the task (none when it has no steps), or else every suffix of
+    the expert's plan, shortest first (the full plan last: it may redo what the prefix already
+    did, which teaches the policy to waste steps)."""
+    prefix = [turns.read(turn.content).action for turn, _ in agent_turns(trajectory)[: end + 1]]
+    steps = env.expert_continuation(trajectory.task_id, [*prefix, env.noop_action])
+    if steps is not None:
+        return [steps] if steps else []
     plan = env.expert_plan(trajectory.task_id) or []
-    for start in reversed(range(len(plan))):
-        played = play_row(env, turns, trajectory, end, revision, plan[start:])
+    return [plan[start:] for start in reversed(range(len(plan)))]
+
+
+def expert_continuation(env, turns: Turns, trajectory: Trajectory, end: int, revision: Message):
+    """The row with the first expert part (`expert_continuations`) that solves the task from
+    where the revision leaves it."""
+    for suffix in expert_continuations(env, turns, trajectory, end):
+        played = play_row(env, turns, trajectory, end, revision, suffix)
         if played.solved:
             return played
     raise Skip("no_continuation")
@@ -165,13 +192,14 @@ def build_rows(
         # drawn for every failed episode, so a skipped one leaves the others' thoughts as they were
         revision = turns.written_turn(rng.choice(REVISION_THOUGHTS), env.noop_action)
         try:
-            end = first_error(env, turns, trajectory)
+            error = first_error(env, turns, trajectory)
+            end = bad_prefix_end(trajectory, error)
             played = expert_continuation(env, turns, trajectory, end, revision)
         except Skip as skip:
             skipped[skip.reason] += 1
             continue
         rows.append(revision_row(trajectory, played, prefix))
-        error_steps.append(end + 1)
+        error_steps.append(error + 1)
     return rows, skipped, error_steps
 
 
