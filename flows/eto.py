@@ -16,7 +16,7 @@ import sys
 from typing import Literal
 
 from prefect import flow
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agents.rollout import agent_prefix, few_shot_examples
 from flywheel.records import Manifest
@@ -26,6 +26,7 @@ from ops.recipe_config import RecipeConfig
 from ops.runner import cli_main, run_named
 from tasks.build_pairs import BuildPairsInputs, build_pairs_stage
 from tasks.dpo import DPOInputs, dpo_stage
+from tasks.expert_pairs import ExpertPairsInputs, expert_pairs_stage
 from tasks.explore import ExploreInputs, explore_stage, shard
 from tasks.step_pairs import StepPairsInputs, step_pairs_stage
 
@@ -47,6 +48,10 @@ class ExploreSettings(RoundSlices):
     step reward); 0 values them by the greedy continuation's outcome and the expert's."""
     step_temperature: float = Field(default=1.0, gt=0)
     """Step level: the temperature of those continuations."""
+    expert_sft_ratio: float = Field(default=0.0, ge=0)
+    """IPR's SFT term: expert trajectories (of the train tasks, drawn with the seed) per
+    preference pair of the round, joining DPO as pairs with themselves, so that `dpo.nll_weight`
+    trains on them and the preference term ignores them (tasks/expert_pairs.py); 0: none."""
 
 
 class ETOConfig(RecipeConfig):
@@ -55,6 +60,15 @@ class ETOConfig(RecipeConfig):
     run_name: str = "eto-textcraft"
     dpo: DPOSettings = Field(default_factory=DPOSettings)
     explore: ExploreSettings = Field(default_factory=ExploreSettings)
+
+    @model_validator(mode="after")
+    def _expert_sft_needs_the_nll_term(self) -> ETOConfig:
+        if self.explore.expert_sft_ratio > 0 and not self.dpo.nll_weight:
+            raise ValueError(
+                "explore.expert_sft_ratio > 0 trains on expert trajectories through DPO's NLL "
+                "term: set dpo.nll_weight > 0 (IPR: 1.0), or explore.expert_sft_ratio=0"
+            )
+        return self
 
 
 class ETO(Recipe):
@@ -94,8 +108,11 @@ class ETO(Recipe):
         found = [pairs]
         if cfg.explore.level == "step":
             found.append(self.step_pairs(state, explored_ids))
-        if sum(m.counts["pairs"] for m in found) == 0:
+        preferences = sum(m.counts["pairs"] for m in found)
+        if preferences == 0:
             return RoundResult(notes=[f"round {n}: no preference pairs ({pairs.counts})."])
+        if cfg.explore.expert_sft_ratio > 0:
+            found.append(self.expert_pairs(state, preferences))
         settings = cfg.dpo.for_round(n)
         reference = state.start_policy if settings.reference == "start" else None
         policy = dpo_stage(
@@ -125,6 +142,17 @@ class ETO(Recipe):
                 for i in range(len(shards))
             ],
         ).result()  # fmt: skip
+
+    def expert_pairs(self, state: RoundState, preferences: int) -> Manifest:
+        """IPR's SFT term: expert trajectories as pairs with themselves, in proportion."""
+        cfg, n = self.cfg, state.round
+        return expert_pairs_stage(
+            ExpertPairsInputs(
+                expert_url=state.carry["expert"], seed=cfg.seed + n * 1000,
+                count=round(preferences * cfg.explore.expert_sft_ratio),
+            ),
+            self.out(f"round-{n}/expert-pairs", f"round-{n}"),
+        )  # fmt: skip
 
     def step_pairs(self, state: RoundState, task_ids: list[str]) -> Manifest:
         """IPR's step pairs: the policy takes over greedily from each step of the expert's path."""

@@ -7,6 +7,7 @@ from pydantic import BaseModel
 from flywheel.records import Pair
 from flywheel.settings import DPOSettings
 from flywheel.stage import StageResult, StageRun, stage
+from tasks.expert_pairs import is_self_pair
 from training.launch import trained_model
 
 
@@ -36,7 +37,7 @@ class DPOInputs(BaseModel):
 
     model_url: str
     # `Pair` records: chosen and rejected continuations of one prompt (trajectory pairs, then
-    # step pairs where the round makes them).
+    # step pairs and expert trajectories paired with themselves where the round makes them).
     pairs_urls: list[str]
     settings: DPOSettings  # the round's: `DPOSettings.for_round`
     seed: int
@@ -54,5 +55,9 @@ def dpo_stage(inputs: DPOInputs, run: StageRun) -> StageResult:
         dpo_trl_args(inputs.settings), reference_url=inputs.reference_url,
     )  # fmt: skip
     step_pairs = sum(p.step is not None for p in pairs)
-    result.counts |= {"trajectory_pairs": len(pairs) - step_pairs, "step_pairs": step_pairs}
+    expert = sum(map(is_self_pair, pairs))  # IPR's SFT rows (`tasks.expert_pairs`)
+    result.counts |= {
+        "trajectory_pairs": len(pairs) - step_pairs - expert, "step_pairs": step_pairs,
+        "expert_pairs": expert,
+    }  # fmt: skip
     return result

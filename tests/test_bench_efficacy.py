@@ -425,7 +425,9 @@ def test_the_environment_flag_runs_eto_and_agent_r_from_the_qa_warm_start(tmp_pa
         overrides = efficacy.recipe_settings(recipe, args)
         # The QA config's own slice, not TextCraft's 32-task budget.
         assert not any("tasks_per_round" in o or "test_tasks" in o for o in overrides)
-        settings = load_config(efficacy.config_model(recipe), str(efficacy.ROOT / config), overrides)
+        settings = load_config(
+            efficacy.config_model(recipe), str(efficacy.ROOT / config), overrides
+        )
         assert settings.env.name == "qa" and settings.env.validation_tasks == 40
         splits = efficacy.task_splits(recipe, overrides, 0, config)
         agent_r1 = efficacy.task_splits(

@@ -96,7 +96,13 @@ def pair_margins(trainer: DPOTrainer) -> dict:
     """The trained policy on its own pairs: mean log-probabilities of the chosen and rejected
     sides, DPO's implicit rewards (beta x log-ratio to the reference; a chosen reward below 0 is
     the expert's actions losing likelihood) and their margin, and how often chosen wins."""
-    trainer.eval_dataset = trainer.train_dataset  # reference log-probabilities already there
+    # The true pairs: an expert trajectory paired with itself (IPR's SFT rows) has no margin.
+    # The reference log-probabilities are in the training rows already.
+    trainer.eval_dataset = trainer.train_dataset.filter(
+        lambda row: row["chosen_ids"] != row["rejected_ids"]
+    )
+    if len(trainer.eval_dataset) == 0:
+        return {}
     measured = trainer.evaluate(metric_key_prefix="pairs")
     names = ("logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected",
              "rewards/margins", "rewards/accuracies")  # fmt: skip
