@@ -48,6 +48,10 @@ class ExploreSettings(RoundSlices):
     step reward); 0 values them by the greedy continuation's outcome and the expert's."""
     step_temperature: float = Field(default=1.0, gt=0)
     """Step level: the temperature of those continuations."""
+    step_samples: int = Field(default=0, ge=0)
+    """Step level: 0, the policy takes over greedily from each expert turn (IPR); n, n sampled
+    takeovers (at step_temperature), each move unlike the expert's valued against it: pairs on
+    both sides of a decision, not only where the greedy policy errs."""
     expert_sft_ratio: float = Field(default=0.0, ge=0)
     """IPR's SFT term: expert trajectories (of the train tasks, drawn with the seed) per
     preference pair of the round, joining DPO as pairs with themselves, so that `dpo.nll_weight`
@@ -162,6 +166,7 @@ class ETO(Recipe):
                 model_url=state.policy, env=cfg.env, expert_url=state.carry["expert"],
                 task_ids=task_ids, inference=cfg.inference, max_steps=cfg.env.max_steps,
                 rollouts=cfg.explore.step_rollouts, temperature=cfg.explore.step_temperature,
+                takeover_samples=cfg.explore.step_samples,
                 extra_turns=cfg.dpo.rejected_extra_turns, seed=cfg.seed + n * 1000,
             ),
             self.out(f"round-{n}/step-pairs", f"round-{n}"),

@@ -2,8 +2,8 @@
 and whether the departure was worse.
 
 From each agent turn t of an expert trajectory the policy takes over greedily (`Resume`: the
-expert's first t turns replayed, then the policy). Where its first action differs from the
-expert's, the two steps are scored by Monte-Carlo: the success rate of `rollouts` sampled policy
+expert's first t turns replayed, then the policy), or `takeover_samples` times sampled. Where its
+first action differs from the expert's, the two steps are scored by Monte-Carlo: the success rate of `rollouts` sampled policy
 continuations after the expert's step, and after the policy's own step (seeded). A departure
 that scores below the expert's step becomes a pair on the state both share: chosen = the expert's
 continuation from turn t, rejected = the policy's greedy one (cut as ETO cuts a failed
@@ -12,6 +12,13 @@ exploration). `rollouts=0` scores the greedy continuation's success against the 
 Trajectory-level pairs say "the expert's episode beats yours"; a step pair says "in this state,
 the expert's move beats yours", which DPO cannot misread as a rule for every state sharing a
 long prefix (docs/results.md: ETO's trajectory DPO learnt "never answer after two searches").
+
+Greedy takeovers make one-sided pairs: a step pairs only where the greedy policy errs, so a move
+it gets right in one family (answer after two lookups) never appears as a chosen step, and DPO
+carries the pairs' lesson (call python after two lookups) to every family (docs/notebook.md,
+issue 66's candidates 4 and 5). Sampled takeovers value the moves the policy might make at every
+step, including where its greedy move is the expert's, so each decision is contrasted in each
+family where the policy could get it wrong.
 """
 
 from __future__ import annotations
@@ -53,16 +60,20 @@ def agent_actions(trajectory: Trajectory, env: Environment) -> list[str | None]:
 
 
 def departures(
-    expert: Trajectory, continued: list[Trajectory], env: Environment
+    expert: Trajectory, continued: list[list[Trajectory]], env: Environment
 ) -> list[Departure]:
-    """The steps where the policy's greedy move differs from the expert's; `continued[t]` is
-    the policy's continuation from the expert's turn t."""
+    """The policy's moves that differ from the expert's; `continued[t]` holds the policy's
+    continuations from the expert's turn t (one greedy, or several sampled). Each distinct
+    move at a step departs once, with the first continuation that made it."""
     expert_actions = agent_actions(expert, env)
     found = []
-    for step, policy in enumerate(continued):
-        moved = agent_actions(policy, env)
-        if step < len(moved) and _normal(moved[step]) != _normal(expert_actions[step]):
-            found.append(Departure(expert, step, policy))
+    for step, takeovers in enumerate(continued):
+        seen = {_normal(expert_actions[step])}
+        for policy in takeovers:
+            moved = agent_actions(policy, env)
+            if step < len(moved) and (move := _normal(moved[step])) not in seen:
+                seen.add(move)
+                found.append(Departure(expert, step, policy))
     return found
 
 
@@ -115,6 +126,10 @@ class StepPairsInputs(BaseModel):
     inference: InferenceSettings
     max_steps: int
     rollouts: int = Field(ge=0)  # sampled continuations per step value; 0: the greedy outcome
+    # 0: the policy takes over greedily (IPR); n: n sampled takeovers from each expert turn, so
+    # a move the greedy policy never makes there (answering where the expert calls python, and
+    # calling python where the expert answers) is valued against the expert's too
+    takeover_samples: int = Field(default=0, ge=0)
     temperature: float = Field(gt=0)  # of those continuations
     extra_turns: int  # the rejected side is cut to the chosen side's length plus this many turns
     seed: int
@@ -142,13 +157,15 @@ class StepPlayer:
 
 
 def find_step_pairs(play: StepPlayer, experts: list[Trajectory]) -> tuple[list[Pair], Counter]:
-    """Greedy continuations from every expert turn, the departures among them, their values."""
-    env, k = play.env, play.inputs.rollouts
+    """The policy's takeovers from every expert turn (greedy, or `takeover_samples` sampled),
+    the departures among them, their values."""
+    env, k, n = play.env, play.inputs.rollouts, play.inputs.takeover_samples
     starts = [(e, t) for e in experts for t in range(e.n_steps)]
-    greedy = play([Resume(e, t) for e, t in starts], sampled=False)
-    by_expert: dict[str, list[Trajectory]] = {}
-    for (expert, _), trajectory in zip(starts, greedy, strict=True):
-        by_expert.setdefault(expert.task_id, []).append(trajectory)
+    played = play([Resume(e, t) for e, t in starts for _ in range(max(n, 1))], sampled=n > 0)
+    by_expert: dict[str, list[list[Trajectory]]] = {}
+    for i, (expert, _) in enumerate(starts):
+        takeovers = played[i * max(n, 1) : (i + 1) * max(n, 1)]
+        by_expert.setdefault(expert.task_id, []).append(takeovers)
     departed = [d for e in experts for d in departures(e, by_expert.get(e.task_id, []), env)]
     # a continuation the environment failed or lost says nothing about the policy
     found = [d for d in departed if not d.policy.finish_reason.startswith(FAILED_ENDINGS)]

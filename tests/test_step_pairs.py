@@ -110,7 +110,53 @@ def test_no_departure_no_pair(textcraft, chat, expert):
 
 def test_departures_compare_the_first_generated_action_only(textcraft, expert):
     # the expert's own path read as the policy's continuation from every step: no departure
-    assert departures(expert, [expert] * expert.n_steps, textcraft) == []
+    assert departures(expert, [[expert]] * expert.n_steps, textcraft) == []
+
+
+class SometimesDeparting(DepartingExpert):
+    """Of each call's prompts, those at odd positions depart (check the inventory) wherever they
+    are, the others follow the plan while on it and stall off it: of two sampled takeovers from
+    a turn, one follows the plan and one departs, where the greedy policy (depart_at=99) never
+    departs."""
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+        self.prompts += len(prompts)
+        replies = []
+        for position, prompt in enumerate(prompts):
+            text = self.tokenizer.decode(prompt, skip_special_tokens=True)
+            taken = len(_ACTION.findall(text[list(_GOAL.finditer(text))[-1].end() :]))
+            self.depart_at = taken if position % 2 else 99
+            replies.append(self._reply(prompt))
+        return replies
+
+
+def test_sampled_takeovers_pair_moves_the_greedy_policy_never_makes(textcraft, chat, expert):
+    inputs = StepPairsInputs(
+        model_url="m", env=EnvSettings(), expert_url="e", task_ids=[expert.task_id],
+        inference=InferenceSettings(), max_steps=expert.n_steps + 4, rollouts=0,
+        temperature=1.0, extra_turns=1, seed=0, takeover_samples=2,
+    )  # fmt: skip
+    backend = SometimesDeparting(textcraft, chat.tokenizer, depart_at=99, recovers=False)
+    pairs, counts = find_step_pairs(StepPlayer(textcraft, backend, chat, inputs), [expert])
+    # one departure a turn (the second takeover), each stalls: a pair at every expert turn
+    assert counts["departures"] == expert.n_steps == len(pairs)
+    assert sorted(p.step for p in pairs) == list(range(expert.n_steps))
+    assert all("Action: " + WRONG in p.rejected[0].content for p in pairs)
+    # the same policy taking over greedily follows the plan: no pair
+    greedy = inputs.model_copy(update={"takeover_samples": 0})
+    backend = DepartingExpert(textcraft, chat.tokenizer, depart_at=99, recovers=False)
+    assert find_step_pairs(StepPlayer(textcraft, backend, chat, greedy), [expert])[0] == []
+
+
+def test_a_move_sampled_twice_at_a_step_departs_once(textcraft, chat, expert):
+    inputs = StepPairsInputs(
+        model_url="m", env=EnvSettings(), expert_url="e", task_ids=[expert.task_id],
+        inference=InferenceSettings(), max_steps=expert.n_steps + 4, rollouts=0,
+        temperature=1.0, extra_turns=1, seed=0, takeover_samples=3,
+    )  # fmt: skip
+    backend = DepartingExpert(textcraft, chat.tokenizer, depart_at=1, recovers=False)
+    pairs, counts = find_step_pairs(StepPlayer(textcraft, backend, chat, inputs), [expert])
+    assert counts["departures"] == 1 and [p.step for p in pairs] == [1]
 
 
 def test_step_pair_keeps_no_pair_when_the_departure_is_worth_as_much(expert):
