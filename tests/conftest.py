@@ -28,6 +28,14 @@ os.environ.update(
 )
 
 
+def pytest_unconfigure(config):
+    """The session's folder goes with the session: a model cache and Prefect's and MLflow's
+    databases, half a gigabyte a run, which 345 runs left in /tmp filled the disk with."""
+    import shutil
+
+    shutil.rmtree(_SESSION_HOME, ignore_errors=True)
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an extended test is never a fast one
 def pytest_collection_modifyitems(items):
     for item in items:
