@@ -66,6 +66,15 @@ class ETOConfig(RecipeConfig):
     explore: ExploreSettings = Field(default_factory=ExploreSettings)
 
     @model_validator(mode="after")
+    def _step_settings_need_their_level(self) -> ETOConfig:
+        if self.explore.step_samples > 0 and self.explore.level != "step":
+            raise ValueError(
+                "explore.step_samples samples the policy's takeovers for step pairs: set "
+                "explore.level=step, or explore.step_samples=0"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _expert_sft_needs_the_nll_term(self) -> ETOConfig:
         if self.explore.expert_sft_ratio > 0 and not self.dpo.nll_weight:
             raise ValueError(
@@ -159,7 +168,8 @@ class ETO(Recipe):
         )  # fmt: skip
 
     def step_pairs(self, state: RoundState, task_ids: list[str]) -> Manifest:
-        """IPR's step pairs: the policy takes over greedily from each step of the expert's path."""
+        """IPR's step pairs: the policy takes over from each step of the expert's path (greedily,
+        or `explore.step_samples` times sampled)."""
         cfg, n = self.cfg, state.round
         return step_pairs_stage(
             StepPairsInputs(

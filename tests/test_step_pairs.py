@@ -194,3 +194,13 @@ def test_on_the_qa_world_a_wrong_answer_after_the_solvers_calls_is_a_pair_at_the
     assert pair.rejected[0].content == WRONG_ANSWER
     assert pair.prompt == expert.prompt + expert.continuation[:-1]
     assert (pair.chosen_reward, pair.rejected_reward) == (1.0, 0.0)
+
+
+def test_sampled_takeovers_without_the_step_level_are_refused():
+    from flows.eto import ETOConfig
+
+    base = {"env": {"name": "textcraft"}, "model": {"base": "smollm2-135m"}}
+    with pytest.raises(ValueError, match="set explore.level=step"):
+        ETOConfig.model_validate({**base, "explore": {"step_samples": 4}})
+    config = ETOConfig.model_validate({**base, "explore": {"step_samples": 4, "level": "step"}})
+    assert config.explore.step_samples == 4
