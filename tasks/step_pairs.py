@@ -160,12 +160,12 @@ def find_step_pairs(play: StepPlayer, experts: list[Trajectory]) -> tuple[list[P
     """The policy's takeovers from every expert turn (greedy, or `takeover_samples` sampled),
     the departures among them, their values."""
     env, k, n = play.env, play.inputs.rollouts, play.inputs.takeover_samples
+    each = max(n, 1)  # takeovers per expert turn: one greedy, or n sampled
     starts = [(e, t) for e in experts for t in range(e.n_steps)]
-    played = play([Resume(e, t) for e, t in starts for _ in range(max(n, 1))], sampled=n > 0)
+    played = play([Resume(e, t) for e, t in starts for _ in range(each)], sampled=n > 0)
     by_expert: dict[str, list[list[Trajectory]]] = {}
     for i, (expert, _) in enumerate(starts):
-        takeovers = played[i * max(n, 1) : (i + 1) * max(n, 1)]
-        by_expert.setdefault(expert.task_id, []).append(takeovers)
+        by_expert.setdefault(expert.task_id, []).append(played[i * each : (i + 1) * each])
     departed = [d for e in experts for d in departures(e, by_expert.get(e.task_id, []), env)]
     # a continuation the environment failed or lost says nothing about the policy
     found = [d for d in departed if not d.policy.finish_reason.startswith(FAILED_ENDINGS)]

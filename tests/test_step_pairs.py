@@ -67,13 +67,17 @@ def expert(textcraft):
     raise AssertionError("no TextCraft train task with a 3-step plan")
 
 
-def play(textcraft, chat, expert, rollouts: int, recovers: bool, depart_at: int = 1):
-    backend = DepartingExpert(textcraft, chat.tokenizer, depart_at, recovers)
-    inputs = StepPairsInputs(
+def stage_inputs(expert, rollouts: int = 0, takeover_samples: int = 0) -> StepPairsInputs:
+    return StepPairsInputs(
         model_url="m", env=EnvSettings(), expert_url="e", task_ids=[expert.task_id],
         inference=InferenceSettings(), max_steps=expert.n_steps + 4, rollouts=rollouts,
-        temperature=1.0, extra_turns=1, seed=0,
+        temperature=1.0, extra_turns=1, seed=0, takeover_samples=takeover_samples,
     )  # fmt: skip
+
+
+def play(textcraft, chat, expert, rollouts: int, recovers: bool, depart_at: int = 1):
+    backend = DepartingExpert(textcraft, chat.tokenizer, depart_at, recovers)
+    inputs = stage_inputs(expert, rollouts)
     return find_step_pairs(StepPlayer(textcraft, backend, chat, inputs), [expert]), backend
 
 
@@ -131,11 +135,7 @@ class SometimesDeparting(DepartingExpert):
 
 
 def test_sampled_takeovers_pair_moves_the_greedy_policy_never_makes(textcraft, chat, expert):
-    inputs = StepPairsInputs(
-        model_url="m", env=EnvSettings(), expert_url="e", task_ids=[expert.task_id],
-        inference=InferenceSettings(), max_steps=expert.n_steps + 4, rollouts=0,
-        temperature=1.0, extra_turns=1, seed=0, takeover_samples=2,
-    )  # fmt: skip
+    inputs = stage_inputs(expert, takeover_samples=2)
     backend = SometimesDeparting(textcraft, chat.tokenizer, depart_at=99, recovers=False)
     pairs, counts = find_step_pairs(StepPlayer(textcraft, backend, chat, inputs), [expert])
     # one departure a turn (the second takeover), each stalls: a pair at every expert turn
@@ -149,11 +149,7 @@ def test_sampled_takeovers_pair_moves_the_greedy_policy_never_makes(textcraft, c
 
 
 def test_a_move_sampled_twice_at_a_step_departs_once(textcraft, chat, expert):
-    inputs = StepPairsInputs(
-        model_url="m", env=EnvSettings(), expert_url="e", task_ids=[expert.task_id],
-        inference=InferenceSettings(), max_steps=expert.n_steps + 4, rollouts=0,
-        temperature=1.0, extra_turns=1, seed=0, takeover_samples=3,
-    )  # fmt: skip
+    inputs = stage_inputs(expert, takeover_samples=3)
     backend = DepartingExpert(textcraft, chat.tokenizer, depart_at=1, recovers=False)
     pairs, counts = find_step_pairs(StepPlayer(textcraft, backend, chat, inputs), [expert])
     assert counts["departures"] == 1 and [p.step for p in pairs] == [1]
