@@ -28,6 +28,7 @@ from tasks.build_pairs import BuildPairsInputs, build_pairs_stage
 from tasks.dpo import DPOInputs, dpo_stage
 from tasks.expert_pairs import ExpertPairsInputs, expert_pairs_stage
 from tasks.explore import ExploreInputs, explore_stage, shard
+from tasks.step_balance import StepBalanceInputs, step_balance_stage
 from tasks.step_pairs import StepPairsInputs, step_pairs_stage
 
 
@@ -52,6 +53,11 @@ class ExploreSettings(RoundSlices):
     """Step level: 0, the policy takes over greedily from each expert turn (IPR); n, n sampled
     takeovers (at step_temperature), each move unlike the expert's valued against it: pairs on
     both sides of a decision, not only where the greedy policy errs."""
+    step_balance: bool = False
+    """Step level: at each step position, keep as many pairs choosing one kind of move over
+    another as the other way round (the larger side subsampled with the seed), so a decision
+    several families share is taught where they differ, not by which family gave more pairs
+    (tasks/step_balance.py)."""
     expert_sft_ratio: float = Field(default=0.0, ge=0)
     """IPR's SFT term: expert trajectories (of the train tasks, drawn with the seed) per
     preference pair of the round, joining DPO as pairs with themselves, so that `dpo.nll_weight`
@@ -71,6 +77,11 @@ class ETOConfig(RecipeConfig):
             raise ValueError(
                 "explore.step_samples samples the policy's takeovers for step pairs: set "
                 "explore.level=step, or explore.step_samples=0"
+            )
+        if self.explore.step_balance and self.explore.level != "step":
+            raise ValueError(
+                "explore.step_balance balances the step pairs' votes: set explore.level=step, "
+                "or explore.step_balance=false"
             )
         return self
 
@@ -169,9 +180,10 @@ class ETO(Recipe):
 
     def step_pairs(self, state: RoundState, task_ids: list[str]) -> Manifest:
         """IPR's step pairs: the policy takes over from each step of the expert's path (greedily,
-        or `explore.step_samples` times sampled)."""
+        or `explore.step_samples` times sampled); with `explore.step_balance`, each decision's
+        votes balanced."""
         cfg, n = self.cfg, state.round
-        return step_pairs_stage(
+        found = step_pairs_stage(
             StepPairsInputs(
                 model_url=state.policy, env=cfg.env, expert_url=state.carry["expert"],
                 task_ids=task_ids, inference=cfg.inference, max_steps=cfg.env.max_steps,
@@ -180,6 +192,12 @@ class ETO(Recipe):
                 extra_turns=cfg.dpo.rejected_extra_turns, seed=cfg.seed + n * 1000,
             ),
             self.out(f"round-{n}/step-pairs", f"round-{n}"),
+        )  # fmt: skip
+        if not cfg.explore.step_balance:
+            return found
+        return step_balance_stage(
+            StepBalanceInputs(pairs_url=found.files["pairs"], env=cfg.env, seed=cfg.seed + n * 1000),
+            self.out(f"round-{n}/step-balance", f"round-{n}"),
         )  # fmt: skip
 
 

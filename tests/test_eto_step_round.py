@@ -69,3 +69,16 @@ def test_the_trajectory_level_is_etos_round_against_the_policy_itself(tmp_path):
     _, asked, _ = round_2(tmp_path, {"build-pairs": 3}, *overrides)
     assert [name for name, _ in asked][-2:] == ["build-pairs", "dpo"]
     assert asked[-1][1]["reference_url"] is None
+
+
+def test_balanced_step_pairs_go_to_dpo_in_place_of_the_step_pairs(tmp_path):
+    recipe, asked, _ = round_2(
+        tmp_path,
+        {"build-pairs": 3, "step-pairs": 2, "step-balance": 1},
+        "explore.step_balance=true",
+    )
+    names = [name for name, _ in asked]
+    assert names[-3:] == ["step-pairs", "step-balance", "dpo"]
+    run = recipe.run_url
+    assert asked[-2][1]["pairs_url"] == f"{run}/round-2/step-pairs/pairs"
+    assert asked[-1][1]["pairs_urls"][-1] == f"{run}/round-2/step-balance/pairs"
