@@ -3,16 +3,16 @@ decision goes differently, not which way it goes on the whole.
 
 Several families of tasks meet the same decision at the same point of the expert's path (on the
 QA world, after two lookups: answer, or call python?). Each family's step pairs vote its own
-way, and DPO on a small policy moves the reply that opens the decision for every task alike, so
-the round plays whichever move got more pairs: on one seed, 19 pairs chose answering over python
-and 16 python over answering, and the round answered after two lookups in every family, losing
-every task that needs python (docs/notebook.md, issue 66's candidate 6, `experiments.step_decisions`).
+way, and DPO on a small policy can move the reply that opens the decision for every task alike:
+on one seed the pairs after two lookups voted answering +13 and python +1 over all families, and
+the round answered there in every family, losing every task that needs python (docs/notebook.md,
+issue 66's candidates 6 and 7, `experiments.step_decisions`).
 
 Here, among the pairs at one step position, every contrast of two kinds of move (the tool a
 reply calls, or the verb of a text action) keeps as many pairs in each direction: the larger side
-is subsampled with the seed, so the contrasts left say which families want which move, and the
-net vote for every move at that position is zero. A contrast with one direction only (every
-family that meets it agrees) is kept whole.
+is subsampled with the seed, so what a two-way contrast still teaches is which families want
+which move, not which move is commoner. A contrast with one direction only (every family that
+meets it agrees) is kept whole.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ class StepBalanceInputs(BaseModel):
 
 @stage("step-balance")
 def step_balance_stage(inputs: StepBalanceInputs, run: StageRun) -> StageResult:
+    """The step pairs in `pairs.jsonl`, balanced; how many were found and dropped."""
     from agents.turns import turns_for
     from envs import make_env
 
