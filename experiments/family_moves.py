@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from bench.run_files import read_records
-from flywheel.records import Trajectory
+from flywheel.records import Message, Trajectory
 from flywheel.settings import EvaluateSettings
 
 CALL = re.compile(r"<(search|python|answer)>|\"name\":\s*\"(\w+)\"")
@@ -29,14 +29,16 @@ def family(task_id: str) -> str:
     return task_id.split("/", 1)[0]
 
 
+def call(message: Message) -> str:
+    """The tool a reply called (its first call), `-` for none."""
+    found = CALL.search(message.content)
+    return next(g for g in found.groups() if g) if found else "-"
+
+
 def plan(episode: Trajectory) -> str:
     """The tools the episode's replies called, in order (the first call of each reply)."""
-    calls = []
-    for message in episode.messages[episode.episode_start + 1 :]:
-        if message.role == "assistant":
-            found = CALL.search(message.content)
-            calls.append(next(g for g in found.groups() if g) if found else "-")
-    return " ".join(calls)
+    replies = episode.messages[episode.episode_start + 1 :]
+    return " ".join(call(m) for m in replies if m.role == "assistant")
 
 
 def stage_episodes(run: Path, split: str, stage: str) -> dict[str, Trajectory]:

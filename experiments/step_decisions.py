@@ -18,14 +18,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from bench.run_files import read_records
-from experiments.family_moves import CALL, family
-from flywheel.records import Message, Pair
-
-
-def call(message: Message) -> str:
-    """The tool a reply called (its first call), `-` for none."""
-    found = CALL.search(message.content)
-    return next(g for g in found.groups() if g) if found else "-"
+from experiments.family_moves import call, family
+from flywheel.records import Pair
 
 
 def state(pair: Pair) -> str:
